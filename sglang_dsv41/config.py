@@ -1,0 +1,311 @@
+"""DeepseekV41Config: the V4.1 text-model configuration, its derived layer roles and validation.
+
+Parsed from a Hugging Face `config.json` as released (text fields may sit under `text_config`)
+or from a dict. Roles are derived from `kv_source_layer_ids` / `index_source_layer_ids`, never
+stored (DESIGN.md section 2):
+
+    SWA      compress ratio 0: sliding-window attention only, no global branch
+    FULL     in both lists: owns main KV + index K, runs the indexer
+    REINDEX  index source only: own indexer queries over the source layer's main KV + index K
+    REUSE    neither: the source layer's main KV and the index source's top-k, unchanged
+
+A Reuse/Reindex layer reads the nearest preceding kv source of the same ratio
+(`source_layer_of`) and the top-k of the nearest preceding index source of the same ratio
+(`index_source_of`). Errors name the field and the layer: `ConfigError`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+SWA, FULL, REINDEX, REUSE = "swa", "full", "reindex", "reuse"
+
+
+class ConfigError(ValueError):
+    """An invalid V4.1 config; the message names the field (and the layer, where there is one)."""
+
+
+def _err(field_name: str, msg: str, layer: Optional[int] = None) -> ConfigError:
+    where = f" (layer {layer})" if layer is not None else ""
+    return ConfigError(f"{field_name}{where}: {msg}")
+
+
+@dataclass
+class DeepseekV41Config:
+    """DeepSeek-V4.1 text configuration. Every field of DESIGN.md sections 2-5 and 8.
+
+    Attention geometry:
+        vocab_size, hidden_size, num_hidden_layers: the text stack (MTP stages not counted).
+        num_attention_heads (H), head_dim (D): query heads and their width; one shared KV head
+            (MQA, K = V) of width D.
+        qk_rope_head_dim: RoPE dims, the *last* `qk_rope_head_dim` of every head (interleaved pairs).
+        q_lora_rank: width of the low-rank query latent (`wq_a` out, `q_norm`).
+        o_groups, o_lora_rank: grouped output projection; `o` [T, H*D] viewed as
+            [T, o_groups, H*D/o_groups], `wo_a` per group -> o_lora_rank, then `wo_b`.
+        sliding_window: SWA window (a query at pos sees [pos-window+1, pos]).
+        attn_softmax_scale: None = D ** -0.5.
+    Global branch (CSA2):
+        compress_ratios: per layer, 0 (SWA only), 1 or 2; may hold extra MTP entries, only the
+            first num_hidden_layers are read.
+        kv_source_layer_ids: Full layers (own main KV + index K), sorted.
+        index_source_layer_ids: layers that run the indexer (Full + Reindex), sorted.
+        candidate_source_layer_id: the ratio-1 Full layer whose scores define the candidate pool
+            (-1 = no pool); candidate_topk_blocks blocks of candidate_block_size positions.
+        index_n_heads (HI), index_head_dim (DI), index_topk (TOPK): the lightning indexer.
+    RoPE: rope_theta for ratio-0 layers (no YaRN); compress_rope_theta + rope_scaling (YaRN:
+        factor, original_max_position_embeddings, beta_fast, beta_slow) for ratio > 0 layers.
+    Norms: rms_norm_eps (statistics in fp32).
+    FFN: MoE with n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts,
+        routed_scaling_factor, scoring_func ("softmax" | "sigmoid" | "sqrtsoftplus"),
+        swiglu_limit (0 = no clamp); n_routed_experts = 0 means a dense SwiGLU of
+        intermediate_size. first_k_dense_replace: that many first layers use the dense FFN.
+    Residual: hc_mult (1 = plain pre-norm residual; > 1 = mHC streams), hc_sinkhorn_iters, hc_eps.
+    Engram: engram_layer_ids and engram_* fields (empty = none).
+    kv_cache_dtype_main: "fp4" (V41_FP4, 288 B at D=512) or "fp8" (V41, 528 B).
+    """
+
+    vocab_size: int = 129280
+    hidden_size: int = 5120
+    num_hidden_layers: int = 40
+    num_attention_heads: int = 64
+    head_dim: int = 512
+    qk_rope_head_dim: int = 64
+    q_lora_rank: int = 1280
+    o_lora_rank: int = 1024
+    o_groups: int = 8
+    sliding_window: int = 128
+    attn_softmax_scale: Optional[float] = None
+    compress_ratios: list = field(default_factory=list)
+    kv_source_layer_ids: list = field(default_factory=list)
+    index_source_layer_ids: list = field(default_factory=list)
+    candidate_source_layer_id: int = -1
+    candidate_topk_blocks: int = 0
+    candidate_block_size: int = 8
+    index_n_heads: int = 32
+    index_head_dim: int = 128
+    index_topk: int = 512
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    rope_scaling: Optional[dict] = None
+    max_position_embeddings: int = 1048576
+    rms_norm_eps: float = 1e-6
+    intermediate_size: int = 0
+    n_routed_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    n_shared_experts: int = 0
+    routed_scaling_factor: float = 1.0
+    scoring_func: str = "softmax"
+    norm_topk_prob: bool = True
+    swiglu_limit: float = 0.0
+    first_k_dense_replace: int = 0
+    hc_mult: int = 1
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    engram_layer_ids: list = field(default_factory=list)
+    engram_num_embeddings: list = field(default_factory=list)
+    engram_max_ngram_size: int = 1
+    engram_vocab_size: int = 0
+    engram_n_heads: int = 0
+    engram_head_dim: int = 0
+    engram_pad_token_id: int = 2
+    engram_compressed_vocab_size: int = 0
+    num_nextn_predict_layers: int = 0
+    tie_word_embeddings: bool = False
+    bos_token_id: int = 0
+    eos_token_id: int = 1
+    torch_dtype: str = "bfloat16"
+    kv_cache_dtype_main: str = "fp4"
+    quantization_config: Optional[dict] = None
+    extra: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ parsing
+    @classmethod
+    def from_dict(cls, values: dict) -> "DeepseekV41Config":
+        """Build from a released `config.json` dict (text fields top level or in `text_config`)."""
+        values = dict(values)
+        text = values.pop("text_config", None)
+        if isinstance(text, dict):
+            values = {**values, **text}
+        if "window_size" in values and "sliding_window" not in values:
+            values["sliding_window"] = values["window_size"]
+        names = {f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in values.items() if k in names and k != "extra"}
+        extra = {k: v for k, v in values.items() if k not in names}
+        cfg = cls(**known, extra=extra)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_hf(cls, path_or_dict: Any) -> "DeepseekV41Config":
+        """From a checkpoint directory, a `config.json` path, a dict or a transformers config."""
+        if isinstance(path_or_dict, dict):
+            return cls.from_dict(path_or_dict)
+        if hasattr(path_or_dict, "to_dict"):
+            return cls.from_dict(path_or_dict.to_dict())
+        path = os.fspath(path_or_dict)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        extra = out.pop("extra")
+        return {**extra, **out}
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def n_layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def decoder_start(self) -> int:
+        """First decoder layer (CED): the upper half of the stack."""
+        return self.num_hidden_layers // 2
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_softmax_scale or self.head_dim ** -0.5
+
+    def ratio(self, layer: int) -> int:
+        return int(self.compress_ratios[layer])
+
+    def role(self, layer: int) -> str:
+        if self.ratio(layer) == 0:
+            return SWA
+        kv, idx = layer in self.kv_source_layer_ids, layer in self.index_source_layer_ids
+        if kv and idx:
+            return FULL
+        if idx:
+            return REINDEX
+        return REUSE
+
+    def _nearest(self, ids, layer: int) -> int:
+        r = self.ratio(layer)
+        best = -1
+        for s in ids:
+            if s <= layer and self.ratio(s) == r:
+                best = s
+        return best
+
+    def source_layer_of(self, layer: int) -> int:
+        """The kv-source layer whose main KV / index K `layer` reads (itself for Full); -1 for SWA."""
+        return -1 if self.ratio(layer) == 0 else self._nearest(self.kv_source_layer_ids, layer)
+
+    def index_source_of(self, layer: int) -> int:
+        """The index-source layer whose top-k `layer` uses (itself for Full/Reindex); -1 for SWA."""
+        return -1 if self.ratio(layer) == 0 else self._nearest(self.index_source_layer_ids, layer)
+
+    def uses_candidates(self, layer: int) -> bool:
+        """Index sources after the candidate source score only the candidate pool."""
+        return (
+            0 <= self.candidate_source_layer_id < layer
+            and layer in self.index_source_layer_ids
+        )
+
+    def is_decoder(self, layer: int) -> bool:
+        return layer >= self.decoder_start
+
+    def roles(self) -> list:
+        return [self.role(i) for i in range(self.num_hidden_layers)]
+
+    @property
+    def rope_dim(self) -> int:
+        return self.qk_rope_head_dim
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Raise ConfigError naming the field and layer of the first problem found."""
+        L = self.num_hidden_layers
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "head_dim", "q_lora_rank", "o_lora_rank", "o_groups",
+                     "index_n_heads", "index_head_dim"):
+            if int(getattr(self, name)) < 1:
+                raise _err(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.sliding_window < 1:
+            raise _err("sliding_window", f"must be >= 1, got {self.sliding_window}")
+        if self.index_topk < 1:
+            raise _err("index_topk", f"must be >= 1, got {self.index_topk}")
+        if self.qk_rope_head_dim > self.head_dim or self.qk_rope_head_dim % 2:
+            raise _err("qk_rope_head_dim", f"{self.qk_rope_head_dim} must be even and <= "
+                       f"head_dim {self.head_dim}")
+        if self.qk_rope_head_dim > self.index_head_dim:
+            raise _err("qk_rope_head_dim", f"{self.qk_rope_head_dim} > index_head_dim "
+                       f"{self.index_head_dim}")
+        if self.head_dim % 32:
+            raise _err("head_dim", f"{self.head_dim} must be a multiple of 32 (one FP8 scale "
+                       "per 32 values)")
+        if self.index_head_dim % 32:
+            raise _err("index_head_dim", f"{self.index_head_dim} must be a multiple of 32")
+        if (self.num_attention_heads * self.head_dim) % self.o_groups:
+            raise _err("o_groups", f"{self.o_groups} does not divide num_attention_heads * "
+                       f"head_dim = {self.num_attention_heads * self.head_dim}")
+        if self.kv_cache_dtype_main not in ("fp4", "fp8"):
+            raise _err("kv_cache_dtype_main", f"must be 'fp4' or 'fp8', got "
+                       f"{self.kv_cache_dtype_main!r}")
+        if len(self.compress_ratios) < L:
+            raise _err("compress_ratios", f"has {len(self.compress_ratios)} entries, "
+                       f"need num_hidden_layers = {L}")
+        for i in range(L):
+            r = self.compress_ratios[i]
+            if r not in (0, 1, 2):
+                raise _err("compress_ratios", f"ratio {r} not in {{0, 1, 2}}", i)
+            if i >= self.decoder_start and r not in (0, 1):
+                raise _err("compress_ratios", f"decoder ratio must be 0 or 1, got {r}", i)
+        for name in ("kv_source_layer_ids", "index_source_layer_ids"):
+            ids = list(getattr(self, name))
+            for j, s in enumerate(ids):
+                if not isinstance(s, int) or not 0 <= s < L:
+                    raise _err(name, f"id {s} out of range [0, {L})", s if isinstance(s, int)
+                               else None)
+                if j and s <= ids[j - 1]:
+                    what = "duplicated" if s == ids[j - 1] else "not sorted"
+                    raise _err(name, f"ids {what} at {s}", s)
+                if self.compress_ratios[s] == 0:
+                    raise _err(name, "source layer has compress ratio 0", s)
+        for s in self.kv_source_layer_ids:
+            if s not in self.index_source_layer_ids:
+                raise _err("kv_source_layer_ids", "kv source is not an index source "
+                           "(a Full layer must be in both lists)", s)
+        for i in range(L):
+            if self.compress_ratios[i] == 0:
+                continue
+            if self.source_layer_of(i) < 0:
+                raise _err("kv_source_layer_ids", f"no preceding kv source of ratio "
+                           f"{self.compress_ratios[i]}", i)
+            if self.index_source_of(i) < 0:
+                raise _err("index_source_layer_ids", f"no preceding index source of ratio "
+                           f"{self.compress_ratios[i]}", i)
+        c = self.candidate_source_layer_id
+        if c >= 0:
+            if c >= L or self.role(c) != FULL or self.ratio(c) != 1:
+                raise _err("candidate_source_layer_id", "must be a ratio-1 Full layer", c)
+            if self.candidate_topk_blocks < 1 or self.candidate_block_size < 1:
+                raise _err("candidate_topk_blocks", "candidate_topk_blocks and "
+                           "candidate_block_size must be >= 1 with a candidate source", c)
+        if self.n_routed_experts:
+            if not 1 <= self.num_experts_per_tok <= self.n_routed_experts:
+                raise _err("num_experts_per_tok", f"{self.num_experts_per_tok} not in "
+                           f"[1, n_routed_experts={self.n_routed_experts}]")
+            if self.moe_intermediate_size < 1:
+                raise _err("moe_intermediate_size", "must be >= 1 with routed experts")
+        elif self.intermediate_size < 1:
+            raise _err("intermediate_size", "must be >= 1 when n_routed_experts = 0")
+        if self.hc_mult < 1:
+            raise _err("hc_mult", f"must be >= 1, got {self.hc_mult}")
+        for e in self.engram_layer_ids:
+            if not 0 <= e < L:
+                raise _err("engram_layer_ids", f"id {e} out of range [0, {L})", e)
+
+
+def preset(name: str) -> DeepseekV41Config:
+    """Named presets: `tiny` (CI), `small` (CPU demo), `flash` (V4.1-Flash attention geometry)."""
+    from sglang_dsv41.presets import PRESETS
+
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return DeepseekV41Config.from_dict(PRESETS[name]())
