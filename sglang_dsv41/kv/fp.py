@@ -1,0 +1,128 @@
+"""Scalar number formats of the KV records: e4m3, e2m1 and UE8M0, bit-exact.
+
+Every function here is elementwise, vectorized torch, and defined so that a GPU kernel can
+reproduce its bytes exactly (see docs/kv_records.md). Rules shared by all encoders:
+
+- Inputs are fp32 (callers cast bf16/fp16 first; that cast is exact).
+- Rounding is round-to-nearest-even (RNE) on the target grid; finite values and +-inf beyond the
+  largest magnitude saturate to it (e4m3: 448, e2m1: 6).
+- The sign bit of the code is the IEEE sign bit of the input, so -0.0 and negative values that
+  round to zero encode as negative zero (e4m3 0x80, e2m1 0b1000) and decode to -0.0.
+- NaN encodes to one fixed code: e4m3 0x7F, e2m1 0b0000 (e2m1 has no NaN; a NaN-carrying tile is
+  marked by its scale instead, see ``ue8m0_scale`` and records.py).
+
+UE8M0 bytes encode 2^(byte - 127); byte 0xFF is NaN (OCP MX convention).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+# Floor on a tile's amax before a UE8M0 scale is derived, as in DeepSeek's act_quant. An all-zero
+# tile then gets a finite scale (2^-22 for fmax 448, 2^-15 for fmax 6) and decodes to exact zeros.
+AMAX_FLOOR = 1e-4
+UE8M0_NAN = 0xFF
+E4M3_NAN = 0x7F
+
+# e2m1 magnitudes by code bits 0-2 (OCP MX FP4): 0b0001 = 0.5, 0b0111 = 6; bit 3 is the sign.
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_VALUES = torch.tensor(list(E2M1_GRID) + [-v for v in E2M1_GRID], dtype=torch.float32)
+
+
+def ue8m0_decode(byte: Tensor) -> Tensor:
+    """UE8M0 byte -> fp32 scale 2^(byte - 127); 0 -> 2^-127 (subnormal), 0xFF -> NaN.
+
+    byte: uint8 [...]. Returns fp32 [...], exact (built from bits, no exp2).
+    """
+    b = byte.to(torch.int32)
+    bits = torch.where(b == 0, torch.full_like(b, 0x00400000), b << 23)  # 2^-127 is subnormal
+    scale = bits.view(torch.float32)
+    return torch.where(b == UE8M0_NAN, torch.full_like(scale, float("nan")), scale)
+
+
+def ue8m0_scale(amax: Tensor, fmax: float) -> tuple[Tensor, Tensor]:
+    """Power-of-two scale covering ``amax``: scale = 2^ceil(log2(max(amax, AMAX_FLOOR) / fmax)).
+
+    amax: fp32 [...] (non-negative, e.g. ``x.abs().amax(-1)``; it must propagate NaN).
+    fmax: largest magnitude of the element format (E4M3_MAX or E2M1_MAX).
+    Returns (scale fp32 [...], byte uint8 [...]) with scale == ue8m0_decode(byte).
+
+    Exact formula (no log2 call): y = max(amax, AMAX_FLOOR) / fmax in fp32 (a division);
+    byte = min(biased_exponent(y) + (mantissa_bits(y) != 0), 255). y is always a normal float.
+    A NaN or +inf amax gives byte 0xFF (NaN scale): the whole tile decodes to NaN.
+    """
+    a = amax.to(torch.float32)
+    a = torch.where(
+        torch.isnan(a), a, a.clamp(min=AMAX_FLOOR)
+    )  # clamp would keep NaN too; explicit
+    y = a / fmax
+    bits = y.view(torch.int32)
+    exp_field = (bits >> 23) & 0xFF
+    round_up = ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    byte = (exp_field + round_up).clamp(max=UE8M0_NAN).to(torch.uint8)
+    return ue8m0_decode(byte), byte
+
+
+def e4m3_encode(x: Tensor) -> Tensor:
+    """fp32 [...] -> uint8 [...] bit patterns of float8_e4m3fn (RNE, saturating at +-448).
+
+    Exact formula: clamp(x, -448, 448) cast to torch.float8_e4m3fn (RNE, subnormals kept);
+    NaN -> 0x7F (sign dropped). Tests check it against a brute-force search of all 256 codes.
+    """
+    x = x.to(torch.float32)
+    codes = x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return torch.where(torch.isnan(x), torch.full_like(codes, E4M3_NAN), codes)
+
+
+def e4m3_decode(codes: Tensor) -> Tensor:
+    """uint8 [...] float8_e4m3fn bit patterns -> fp32 [...] (exact; 0x7F/0xFF -> NaN)."""
+    return codes.to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+
+
+def e2m1_encode(x: Tensor) -> Tensor:
+    """fp32 [...] -> uint8 codes 0..15 [...]: bit 3 = sign, bits 0-2 index E2M1_GRID.
+
+    RNE on the grid, saturating at 6; the magnitude index is a sum of comparisons against the
+    midpoints, strict (>) where the tie goes down to an even index, >= where it goes up:
+        m = (a > 0.25) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5) + (a >= 3.5) + (a > 5)
+    with a = |x|. So 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
+    NaN -> code 0 (all comparisons are false; the sign is dropped); +-inf -> +-6.
+    """
+    x = x.to(torch.float32)
+    a = x.abs()
+    mag = (
+        (a > 0.25).to(torch.uint8)
+        + (a >= 0.75)
+        + (a > 1.25)
+        + (a >= 1.75)
+        + (a > 2.5)
+        + (a >= 3.5)
+        + (a > 5.0)
+    )
+    sign = torch.signbit(x) & ~torch.isnan(x)
+    return mag | (sign.to(torch.uint8) << 3)
+
+
+def e2m1_decode(codes: Tensor) -> Tensor:
+    """uint8 codes [...] (0..15) -> fp32 [...]; code 8 is -0.0."""
+    return _E2M1_VALUES.to(codes.device)[codes.to(torch.long)]
+
+
+def pack_nibbles(codes: Tensor) -> Tensor:
+    """uint8 [..., n] (values 0..15, n even) -> uint8 [..., n // 2].
+
+    Byte i holds codes[2i] in its low nibble and codes[2i + 1] in its high nibble.
+    """
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pack_nibbles needs an even last dim, got {codes.shape[-1]}")
+    c = codes.to(torch.uint8).unflatten(-1, (-1, 2))  # [..., n // 2, 2]
+    return (c[..., 0] & 0xF) | ((c[..., 1] & 0xF) << 4)
+
+
+def unpack_nibbles(packed: Tensor) -> Tensor:
+    """uint8 [..., n // 2] -> uint8 [..., n]; inverse of pack_nibbles (even index = low nibble)."""
+    p = packed.to(torch.uint8)
+    return torch.stack((p & 0xF, p >> 4), dim=-1).flatten(-2)  # [..., n]
