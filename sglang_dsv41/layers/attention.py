@@ -1,0 +1,66 @@
+"""MqaAttentionBase: the V4.1 attention layer every role derives from.
+
+Every layer owns its query path (wq_a -> q_norm -> wq_b, RoPE on the last R dims), its private SWA
+KV path (wkv -> kv_norm -> RoPE, stored as V41 FP8), its sink logits and its grouped output
+projection. The role-specific parts are attached from the config lists (DESIGN.md 2):
+    .compressor  kv sources (Full): main-KV latents (Compressor)
+    .indexer     index sources (Full, Reindex): indexer queries, and keys for Full (Indexer)
+Reuse layers have neither; SWA-only layers (ratio 0) have no global branch at all.
+The cache-free math lives here; how keys are gathered (whole sequence or paged cache) is the
+caller's business.
+"""
+import torch
+from torch import nn
+
+from sglang_dsv41.config import FULL
+from sglang_dsv41.layers.compressor import Compressor
+from sglang_dsv41.layers.indexer import Indexer
+from sglang_dsv41.layers.norm import RMSNorm
+from sglang_dsv41.layers.rope import apply_rope, rope_inv_freq
+
+
+class MqaAttentionBase(nn.Module):
+    def __init__(self, cfg, layer: int):
+        super().__init__()
+        self.cfg, self.layer_id = cfg, layer
+        self.role, self.ratio = cfg.role(layer), cfg.ratio(layer)
+        H, D, hid = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+        self.n_heads, self.head_dim = H, D
+        self.o_groups, self.o_lora_rank = cfg.o_groups, cfg.o_lora_rank
+        self.scale = cfg.softmax_scale
+        self.wq_a = nn.Linear(hid, cfg.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.wq_b = nn.Linear(cfg.q_lora_rank, H * D, bias=False)
+        self.wkv = nn.Linear(hid, D, bias=False)
+        self.kv_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.attn_sink = nn.Parameter(torch.zeros(H, dtype=torch.float32))
+        self.wo_a = nn.Linear(H * D // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, bias=False)
+        self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, hid, bias=False)
+        self.compressor = Compressor(cfg, layer) if self.role == FULL else None
+        is_index = layer in cfg.index_source_layer_ids and self.ratio > 0
+        self.indexer = Indexer(cfg, layer, owns_keys=self.role == FULL) if is_index else None
+        self.register_buffer("inv_freq", rope_inv_freq(cfg, self.ratio), persistent=False)
+
+    def query(self, x: torch.Tensor, pos: torch.Tensor):
+        """x [T, hidden], pos [T] -> (q fp32 [T, H, D] with RoPE, q_lora [T, q_lora])."""
+        q_lora = self.q_norm(self.wq_a(x))
+        q = self.wq_b(q_lora).float().view(-1, self.n_heads, self.head_dim)  # [T, H, D]
+        return apply_rope(q, pos, self.inv_freq), q_lora
+
+    def swa_kv(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden], pos [T] -> SWA key/value fp32 [T, D] before V41 quantization."""
+        kv = self.kv_norm(self.wkv(x)).float()
+        return apply_rope(kv, pos, self.inv_freq)
+
+    def main_kv(self, latent: torch.Tensor, entry_pos: torch.Tensor) -> torch.Tensor:
+        """latent [n, D] -> main KV fp32 [n, D] with RoPE at the entries' positions (pre-quant)."""
+        return apply_rope(latent.float(), entry_pos, self.inv_freq)
+
+    def output(self, o: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """o [T, H, D] attention output -> [T, hidden]: inverse RoPE, grouped wo_a, wo_b."""
+        o = apply_rope(o.float(), pos, self.inv_freq, inverse=True)
+        T, G, R = o.shape[0], self.o_groups, self.o_lora_rank
+        og = o.reshape(T, G, -1).to(self.wo_a.weight.dtype)  # [T, G, H*D/G]
+        wa = self.wo_a.weight.view(G, R, -1)  # [G, R, H*D/G]
+        z = torch.einsum("tgc,grc->tgr", og, wa).reshape(T, G * R)  # [T, G*R]
+        return self.wo_b(z)

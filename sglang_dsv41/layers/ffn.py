@@ -1,0 +1,86 @@
+"""Feed-forward blocks: a SwiGLU expert, the V4.1 MoE router and a dense fallback (DESIGN.md 8).
+
+MoE: router logits l = x W_gate^T in fp32; scores s = score_fn(l) with score_fn one of
+softmax / sigmoid / sqrtsoftplus (sqrt(softplus(l))); experts chosen by top-k of s + gate.bias
+(the bias steers selection only); weights = s[idx] (/ sum s[idx] when norm_topk_prob) *
+routed_scaling_factor. Expert: w2(silu(min(w1 x, limit)) * clamp(w3 x, -limit, limit)), no clamp
+when swiglu_limit = 0. Shared experts are added unscaled.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Expert(nn.Module):
+    def __init__(self, hidden: int, inter: int, limit: float):
+        super().__init__()
+        self.w1 = nn.Linear(hidden, inter, bias=False)
+        self.w2 = nn.Linear(inter, hidden, bias=False)
+        self.w3 = nn.Linear(hidden, inter, bias=False)
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]."""
+        g, u = self.w1(x), self.w3(x)
+        if self.limit > 0:
+            g, u = g.clamp(max=self.limit), u.clamp(-self.limit, self.limit)
+        return self.w2(F.silu(g) * u)
+
+
+def router_scores(logits: torch.Tensor, func: str) -> torch.Tensor:
+    """logits fp32 [T, E] -> scores fp32 [T, E]."""
+    if func == "softmax":
+        return logits.softmax(-1)
+    if func == "sigmoid":
+        return logits.sigmoid()
+    if func == "sqrtsoftplus":
+        return F.softplus(logits).sqrt()
+    raise ValueError(f"scoring_func: unknown {func!r}")
+
+
+class Gate(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cfg.n_routed_experts, cfg.hidden_size)
+                                   * cfg.hidden_size ** -0.5)
+        self.bias = nn.Parameter(torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
+        self.topk, self.func = cfg.num_experts_per_tok, cfg.scoring_func
+        self.norm, self.scaling = cfg.norm_topk_prob, cfg.routed_scaling_factor
+
+    def forward(self, x: torch.Tensor):
+        """x [T, hidden] -> (weights fp32 [T, k], expert ids int64 [T, k])."""
+        s = router_scores(F.linear(x.float(), self.weight.float()), self.func)  # [T, E]
+        idx = torch.topk(s + self.bias.float(), self.topk, dim=-1).indices  # [T, k]
+        w = s.gather(1, idx)
+        if self.norm:
+            w = w / w.sum(-1, keepdim=True)
+        return w * self.scaling, idx
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        hid, inter = cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate = Gate(cfg)
+        self.experts = nn.ModuleList(
+            Expert(hid, inter, cfg.swiglu_limit) for _ in range(cfg.n_routed_experts))
+        self.shared_experts = (Expert(hid, inter * cfg.n_shared_experts, cfg.swiglu_limit)
+                               if cfg.n_shared_experts else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]."""
+        w, idx = self.gate(x)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for e in torch.unique(idx).tolist():
+            tok, slot = torch.nonzero(idx == e, as_tuple=True)
+            y = self.experts[e](x[tok]).float() * w[tok, slot, None]
+            out.index_add_(0, tok, y)
+        if self.shared_experts is not None:
+            out += self.shared_experts(x).float()
+        return out.to(x.dtype)
+
+
+def build_ffn(cfg, layer: int) -> nn.Module:
+    if cfg.n_routed_experts and layer >= cfg.first_k_dense_replace:
+        return MoE(cfg)
+    return Expert(cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit)

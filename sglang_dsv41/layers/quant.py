@@ -1,0 +1,27 @@
+"""The quantization points of V4.1 attention, as fake-quant (encode then decode) on float tensors.
+
+The oracle passes values through the same codecs a cache applies, so a serving path that stores
+real records reads back exactly these values.
+    swa_kv      -> V41 (e4m3, UE8M0 per 32)
+    main_kv     -> V41_FP4 (e2m1, e4m3 per 16), or V41 when kv_cache_dtype_main == "fp8"
+    index_k / indexer query -> index-K encoding (e2m1, UE8M0 per 32)
+"""
+import torch
+
+from sglang_dsv41.kv.records import Layout, fake_quant
+
+
+def main_kv_layout(cfg) -> Layout:
+    return Layout.V41_FP4 if cfg.kv_cache_dtype_main == "fp4" else Layout.V41
+
+
+def quant_swa_kv(x: torch.Tensor) -> torch.Tensor:
+    return fake_quant(Layout.V41, x.float())
+
+
+def quant_main_kv(cfg, x: torch.Tensor) -> torch.Tensor:
+    return fake_quant(main_kv_layout(cfg), x.float())
+
+
+def quant_index(x: torch.Tensor) -> torch.Tensor:
+    return fake_quant(Layout.INDEX_K, x.float())

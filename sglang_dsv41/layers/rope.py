@@ -1,0 +1,61 @@
+"""Rotary embeddings on the last R dims of a head, interleaved pairs, with DeepSeek YaRN.
+
+Layers with compress ratio > 0 use `compress_rope_theta` with YaRN (`rope_scaling`: factor,
+original_max_position_embeddings, beta_fast, beta_slow) whenever max_position_embeddings exceeds
+the original length; ratio-0 layers use `rope_theta` without YaRN. Pair i of the rotated span is
+(x[2i], x[2i+1]), rotated by angle pos * inv_freq[i].
+"""
+import math
+
+import torch
+
+
+def _correction_dim(n_rot: float, dim: int, base: float, max_pos: int) -> float:
+    return dim * math.log(max_pos / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+
+def yarn_inv_freq(dim: int, base: float, factor: float, original: int, beta_fast: float,
+                  beta_slow: float) -> torch.Tensor:
+    """fp32 [dim/2]: base frequencies blended with frequencies / factor over YaRN's ramp."""
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    low = max(math.floor(_correction_dim(beta_fast, dim, base, original)), 0)
+    high = min(math.ceil(_correction_dim(beta_slow, dim, base, original)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    smooth = 1 - ramp
+    return (freqs / factor * (1 - smooth) + freqs * smooth).float()
+
+
+def rope_inv_freq(cfg, ratio: int) -> torch.Tensor:
+    """fp32 [R/2] inverse frequencies for a layer of the given compress ratio."""
+    R = cfg.qk_rope_head_dim
+    if ratio == 0:
+        return (1.0 / (cfg.rope_theta ** (torch.arange(0, R, 2, dtype=torch.float64) / R))).float()
+    rs = cfg.rope_scaling or {}
+    original = int(rs.get("original_max_position_embeddings", cfg.max_position_embeddings))
+    if rs and cfg.max_position_embeddings > original:
+        return yarn_inv_freq(R, cfg.compress_rope_theta, float(rs.get("factor", 1.0)), original,
+                             float(rs.get("beta_fast", 32)), float(rs.get("beta_slow", 1)))
+    return (1.0 / (cfg.compress_rope_theta ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
+            ).float()
+
+
+def apply_rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor,
+               inverse: bool = False) -> torch.Tensor:
+    """Rotate the last 2*len(inv_freq) dims of x.
+
+    x [T, ..., C] float, pos [T] int64, inv_freq fp32 [R/2] -> same shape and dtype as x.
+    inverse=True applies the opposite rotation (used on the attention output).
+    """
+    R = 2 * inv_freq.numel()
+    ang = pos.to(torch.float32)[:, None] * inv_freq.to(x.device)[None, :]  # [T, R/2]
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    if inverse:
+        sin = -sin
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (R // 2,)
+    cos, sin = cos.view(shape), sin.view(shape)
+    head, tail = x[..., :-R], x[..., -R:].float()
+    a, b = tail[..., 0::2], tail[..., 1::2]
+    rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    return torch.cat((head, rot.to(x.dtype)), dim=-1)

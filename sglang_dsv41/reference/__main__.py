@@ -1,0 +1,64 @@
+"""python -m sglang_dsv41.reference --model DIR (--input-ids 1,2,3 | --prompt TEXT)
+       --max-new-tokens N [--no-replay]
+
+Greedy generation by full recomputation with the oracle; prints one JSON object with
+`output_ids` and `text`.
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglang_dsv41.reference", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="checkpoint directory")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input-ids", help="comma-separated token ids")
+    src.add_argument("--prompt", help="text, tokenized with the checkpoint's tokenizer")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--no-replay", action="store_true",
+                    help="full forward instead of decoder SWA bounded replay")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    args = ap.parse_args(argv)
+
+    from sglang_dsv41.reference import load_reference
+
+    model = load_reference(args.model, getattr(torch, args.dtype))
+    tok = None
+    if args.prompt is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.model)
+        ids = tok.encode(args.prompt)
+    else:
+        try:
+            ids = [int(t) for t in args.input_ids.split(",") if t.strip()]
+        except ValueError:
+            ap.error("--input-ids must be comma-separated integers")
+    if not ids:
+        ap.error("the prompt is empty")
+    bad = [t for t in ids if not 0 <= t < model.cfg.vocab_size]
+    if bad:
+        ap.error(f"token ids out of range [0, {model.cfg.vocab_size}): {bad[:5]}")
+    t0 = time.time()
+    out = model.generate(ids, args.max_new_tokens, replay=not args.no_replay)
+    result = {"input_len": len(ids), "output_ids": out, "seconds": round(time.time() - t0, 3)}
+    if tok is None:
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(args.model)
+        except Exception:
+            tok = None
+    result["text"] = tok.decode(out) if tok is not None else None
+    json.dump(result, sys.stdout, ensure_ascii=False)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

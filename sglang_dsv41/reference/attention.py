@@ -1,0 +1,97 @@
+"""Whole-sequence global + SWA attention of one layer, no cache: the oracle's statement of CSA2.
+
+`SharedState` carries what source layers hand to later layers within one forward (the seeds'
+SharedAttentionRuntime): per kv source its main KV and index K, per index source its top-k, and
+the candidate pool of the candidate source.
+"""
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_dsv41.config import FULL
+from sglang_dsv41.layers.index_math import (candidate_blocks, index_scores, pool_mask,
+                                            topk_indices, visible_mask)
+from sglang_dsv41.layers.quant import quant_main_kv, quant_swa_kv
+from sglang_dsv41.layers.sparse_attention import sparse_attention
+
+
+@dataclass
+class SharedState:
+    main_kv: dict = field(default_factory=dict)   # kv source -> fp32 [n, D] record values
+    index_k: dict = field(default_factory=dict)   # kv source -> fp32 [n, DI] record values
+    topk: dict = field(default_factory=dict)      # index source -> int64 [T, TOPK], -1 padded
+    pool: dict = field(default_factory=dict)      # "mask" -> bool [T, n] for the decoder rows
+
+
+def swa_slots(pos: torch.Tensor, window: int, floor: int):
+    """pos [T] (consecutive positions of the rows) -> (row ids [T, W] clamped, ok bool [T, W]).
+
+    Query at p sees SWA keys at [max(floor, p - W + 1), p]; row r holds position pos[0] + r.
+    """
+    kpos = pos[:, None] - window + 1 + torch.arange(window)[None, :]  # [T, W]
+    ok = kpos >= max(floor, int(pos[0]))
+    rows = (kpos - pos[0]).clamp_min(0)
+    return rows, ok
+
+
+def compress_full_layer(attn, x_all: torch.Tensor, state: SharedState) -> None:
+    """A Full layer writes its main KV and index K from its attention input over all tokens.
+
+    x_all [L, hidden] from position 0. Entries j < L // r at positions j r.
+    """
+    cfg, r = attn.cfg, attn.ratio
+    latent = attn.compressor.latents(x_all)  # [n, D]
+    entry_pos = torch.arange(latent.shape[0]) * r
+    state.main_kv[attn.layer_id] = quant_main_kv(cfg, attn.main_kv(latent, entry_pos))
+    state.index_k[attn.layer_id] = attn.indexer.keys(latent, entry_pos, attn.inv_freq)
+
+
+def select_topk(attn, x: torch.Tensor, q_lora: torch.Tensor, pos: torch.Tensor,
+                state: SharedState) -> torch.Tensor:
+    """Run this layer's indexer (Full / Reindex) -> top-k int64 [T, TOPK], -1 padded."""
+    cfg, i = attn.cfg, attn.layer_id
+    k = state.index_k[cfg.source_layer_of(i)]
+    n = k.shape[0]
+    qI, w = attn.indexer.queries(q_lora, x, pos, attn.inv_freq)
+    scores = index_scores(qI, w, k)  # [T, n]
+    allowed = visible_mask(pos, attn.ratio, n)
+    if cfg.uses_candidates(i):
+        allowed = allowed & state.pool["mask"]
+    if i == cfg.candidate_source_layer_id:
+        visible = (pos + 1) // attn.ratio
+        blocks = candidate_blocks(scores, visible, cfg.candidate_block_size,
+                                  cfg.candidate_topk_blocks)
+        state.pool["mask"] = pool_mask(blocks, n, cfg.candidate_block_size)
+    return topk_indices(scores, allowed, cfg.index_topk)
+
+
+def attention_layer(attn, x: torch.Tensor, pos: torch.Tensor, swa_floor: int,
+                    state: SharedState, x_all=None) -> torch.Tensor:
+    """One attention sublayer over consecutive rows.
+
+    x [T, hidden] attention input of the rows at positions pos [T] (consecutive);
+    swa_floor: no SWA key below this position (bounded replay); x_all [L, hidden] the attention
+    input of every token from position 0 (Full layers only: the compressor runs over all).
+    Returns [T, hidden].
+    """
+    cfg = attn.cfg
+    q, q_lora = attn.query(x, pos)  # [T, H, D]
+    kv = quant_swa_kv(attn.swa_kv(x, pos))  # [T, D]
+    rows, swa_ok = swa_slots(pos, cfg.sliding_window, swa_floor)
+    k_swa = kv[rows]  # [T, W, D]
+    T = x.shape[0]
+    if attn.ratio == 0:
+        k_top = kv.new_zeros(T, 0, cfg.head_dim)
+        top_ok = torch.zeros(T, 0, dtype=torch.bool)
+    else:
+        if attn.role == FULL:
+            compress_full_layer(attn, x if x_all is None else x_all, state)
+        if attn.indexer is not None:
+            state.topk[attn.layer_id] = select_topk(attn, x, q_lora, pos, state)
+        topk = state.topk[cfg.index_source_of(attn.layer_id)]  # [T, TOPK]
+        main = state.main_kv[cfg.source_layer_of(attn.layer_id)]
+        top_ok = topk >= 0
+        k_top = main[topk.clamp_min(0)] if main.shape[0] else kv.new_zeros(T, topk.shape[1],
+                                                                           cfg.head_dim)
+    o = sparse_attention(q, k_swa, swa_ok, k_top, top_ok, attn.attn_sink, attn.scale)
+    return attn.output(o, pos)

@@ -1,0 +1,109 @@
+"""ReferenceModel: the whole V4.1 text model over a full token sequence, no cache (the oracle).
+
+forward(input_ids, replay_floor=F) computes logits exactly as DESIGN.md sections 3 and 5 say.
+F = 0 is the full forward. F > 0 is decoder SWA bounded replay: encoder layers run on all L
+tokens, the decoder's Full layer compresses (and projects index K from) its attention input over
+all L tokens, and the decoder's attention and FFN run only on positions >= F, with SWA spans
+floored at F. Logits exist for rows >= F (earlier rows are NaN).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from sglang_dsv41.config import FULL, DeepseekV41Config
+from sglang_dsv41.layers.block import Block
+from sglang_dsv41.layers.norm import RMSNorm
+from sglang_dsv41.layers.residual import build_residual
+from sglang_dsv41.reference.attention import SharedState, attention_layer
+
+
+class ReferenceModel(nn.Module):
+    def __init__(self, cfg: DeepseekV41Config):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.residual = build_residual(cfg)
+        for i in range(cfg.decoder_start + 1, cfg.num_hidden_layers):
+            if cfg.role(i) == FULL:
+                self._late_decoder_full = i  # replay needs the decoder kv source first
+                break
+        else:
+            self._late_decoder_full = None
+
+    @classmethod
+    def from_pretrained(cls, path: str, dtype=torch.float32) -> "ReferenceModel":
+        """Load `config.json` + `*.safetensors` from a checkpoint directory, strictly."""
+        from sglang_dsv41.reference.loading import load_state
+
+        cfg = DeepseekV41Config.from_hf(path)
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.load_state_dict(load_state(path, model.state_dict(), dtype), assign=True)
+        model.residual = build_residual(cfg)
+        for block in model.layers:  # non-persistent rope tables are rebuilt off the meta device
+            from sglang_dsv41.layers.rope import rope_inv_freq
+            block.attn.inv_freq = rope_inv_freq(cfg, block.attn.ratio)
+        return model.eval()
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, replay_floor: int = 0) -> torch.Tensor:
+        """input_ids int64 [L] -> logits fp32 [L, vocab] (rows < replay_floor are NaN)."""
+        cfg, L = self.cfg, input_ids.shape[0]
+        F = int(replay_floor)
+        if F and self._late_decoder_full is not None:
+            raise ValueError(f"bounded replay needs the decoder's kv source at layer "
+                             f"{cfg.decoder_start}; layer {self._late_decoder_full} is also Full")
+        pos_all = torch.arange(L)
+        state = self.residual.init(self.embed(input_ids))
+        shared = SharedState()
+        pos, floor = pos_all, 0
+        for i, block in enumerate(self.layers):
+            x_all = None
+            if i == cfg.decoder_start and F > 0:
+                x_all = self.residual.attn_input(state, block)  # the decoder's Full layer input
+                state = self.residual.select(state, pos_all[F:])
+                pos, floor = pos_all[F:], F
+            x = self.residual.attn_input(state, block)
+            y = attention_layer(block.attn, x, pos, floor, shared, x_all=x_all)
+            state = self.residual.attn_done(state, block, y)
+            state = self.residual.ffn_done(state, block, block.ffn(self.residual.ffn_input(state,
+                                                                                         block)))
+        h = self.norm(self.residual.final(state))
+        logits = self.head(h).float()
+        if F > 0:
+            full = torch.full((L, logits.shape[1]), float("nan"))
+            full[F:] = logits
+            logits = full
+        return logits
+
+    def replay_floor_for(self, prompt_len: int, replay: bool) -> int:
+        return max(0, prompt_len - self.cfg.sliding_window) if replay else 0
+
+    @torch.no_grad()
+    def generate(self, prompt_ids, max_new_tokens: int, replay: bool = True,
+                 stop_ids=()) -> list:
+        """Greedy continuation by full recomputation. The replay floor is fixed at prefill
+        (max(0, len(prompt) - window)), as serving replays once and then decodes."""
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise ValueError("prompt_ids is empty")
+        F = self.replay_floor_for(len(ids), replay)
+        out = []
+        for _ in range(max_new_tokens):
+            logits = self.forward(torch.tensor(ids, dtype=torch.int64), replay_floor=F)
+            nxt = int(torch.argmax(logits[-1]))
+            out.append(nxt)
+            ids.append(nxt)
+            if nxt in stop_ids:
+                break
+        return out
+
+
+def load_reference(path: str | os.PathLike, dtype=torch.float32) -> ReferenceModel:
+    return ReferenceModel.from_pretrained(os.fspath(path), dtype)
