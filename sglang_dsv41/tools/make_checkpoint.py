@@ -1,0 +1,157 @@
+"""Write a seeded random V4.1 checkpoint: config.json, model.safetensors and a tokenizer.
+
+    python -m sglang_dsv41.tools.make_checkpoint --preset tiny --out DIR [--seed 0] [--force]
+
+config.json holds the preset's text fields at the top level (`--text-config` nests them under
+`text_config` as the released checkpoint does) plus what SGLang / transformers read
+(`vision_n_layers: 0`, `tie_word_embeddings: false`). model.safetensors holds every tensor of
+`manifest.tensor_manifest(cfg)` in the preset's `torch_dtype` (fp32 for attn_sink / router bias).
+The tokenizer is a byte-level BPE trained on the shipped corpus (`tools.tokenizer`).
+
+Same preset and seed -> identical bytes in every file: each tensor draws from its own generator,
+seeded by sha256(seed, name), so tensors do not depend on the order they are made in.
+
+Initialisation (keeps activations near unit RMS through all layers, and greedy decoding varied):
+    embed.weight               N(0, 1)
+    *norm.weight               1 + N(0, 0.05)                        (RMSNorm gains near 1)
+    attn_sink                  N(0, 0.1)                             (small sink logits)
+    ffn.gate.bias              N(0, 0.01)                            (small router bias)
+    wo_b, w2 (residual writes) N(0, 1 / fan_in) / sqrt(2 num_hidden_layers)
+    other matrices [out, in]   N(0, 1 / fan_in)                      (head: 1 / sqrt(hidden))
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from sglang_dsv41.config import DeepseekV41Config, preset
+from sglang_dsv41.manifest import tensor_manifest
+from sglang_dsv41.presets import PRESETS
+
+TOO_BIG = ("flash",)
+"""Presets whose random weights are too large to write; config geometry only."""
+RESIDUAL_WRITES = ("attn.wo_b.weight", "w2.weight")
+NORM_GAIN_STD, SINK_STD, ROUTER_BIAS_STD = 0.05, 0.1, 0.01
+
+
+def checkpoint_config(name: str, text_config: bool = False) -> dict:
+    """The config.json dict for preset `name` (validated through DeepseekV41Config)."""
+    text = PRESETS[name]()
+    DeepseekV41Config.from_dict(text)
+    extra = {"vision_n_layers": 0, "tie_word_embeddings": False}
+    if not text_config:
+        return {**text, **extra}
+    top = ("architectures", "model_type", "torch_dtype", "bos_token_id", "eos_token_id")
+    nested = {k: v for k, v in text.items() if k not in top}
+    return {**{k: text[k] for k in top if k in text}, **extra, "text_config": nested}
+
+
+def init_tensor(name: str, shape: tuple, dtype: torch.dtype, num_layers: int,
+                seed: int) -> torch.Tensor:
+    """One seeded random tensor [shape] in dtype; the rule is in the module docstring."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    x = torch.randn(shape, generator=gen, dtype=torch.float32)
+    if name == "embed.weight":
+        pass
+    elif name.endswith("norm.weight"):
+        x = 1.0 + NORM_GAIN_STD * x
+    elif name.endswith("attn_sink"):
+        x = SINK_STD * x
+    elif name.endswith("gate.bias"):
+        x = ROUTER_BIAS_STD * x
+    elif len(shape) == 2:
+        std = shape[1] ** -0.5
+        if name.endswith(RESIDUAL_WRITES):
+            std /= math.sqrt(2 * num_layers)
+        x = std * x
+    else:
+        raise ValueError(f"no init rule for {name} {tuple(shape)}")
+    return x.to(dtype)
+
+
+def random_weights(cfg: DeepseekV41Config, seed: int = 0, progress: bool = False) -> dict:
+    """name -> tensor for every entry of tensor_manifest(cfg), in manifest order."""
+    manifest = tensor_manifest(cfg, dense_dtype=getattr(torch, cfg.torch_dtype))
+    out = {}
+    for i, (name, (shape, dtype)) in enumerate(manifest.items()):
+        out[name] = init_tensor(name, shape, dtype, cfg.num_hidden_layers, seed)
+        if progress:
+            _progress(i + 1, len(manifest), "weights")
+    return out
+
+
+def manifest_bytes(cfg: DeepseekV41Config) -> int:
+    manifest = tensor_manifest(cfg, dense_dtype=getattr(torch, cfg.torch_dtype))
+    return sum(math.prod(s) * d.itemsize for s, d in manifest.values())
+
+
+def write_checkpoint(out_dir, name: str = "tiny", seed: int = 0, force: bool = False,
+                     text_config: bool = False, progress: bool = False) -> Path:
+    """Write config.json, model.safetensors and the tokenizer files into out_dir."""
+    from safetensors.torch import save_file
+
+    from sglang_dsv41.tools.tokenizer import save_tokenizer
+
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    cfg = preset(name)
+    if name in TOO_BIG:
+        gb = manifest_bytes(cfg) / 1e9
+        raise ValueError(f"preset {name!r} would need {gb:,.0f} GB of random weights; "
+                         "make_checkpoint writes 'tiny' or 'small' (the flash geometry is "
+                         "available as sglang_dsv41.config.preset('flash'))")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(f"{out} is not empty; pass --force to overwrite its checkpoint files")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(
+        json.dumps(checkpoint_config(name, text_config), indent=2) + "\n", encoding="utf-8")
+    save_file(random_weights(cfg, seed, progress), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    save_tokenizer(out, cfg.vocab_size, cfg.max_position_embeddings)
+    return out
+
+
+def _progress(done: int, total: int, what: str) -> None:
+    if sys.stderr.isatty():
+        bar = "#" * (30 * done // total)
+        sys.stderr.write(f"\r{what} [{bar:<30}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+    elif done == total or done * 4 // total != (done - 1) * 4 // total:
+        sys.stderr.write(f"{what}: {done}/{total}\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang_dsv41.tools.make_checkpoint",
+        description="Write a seeded random DeepSeek-V4.1 checkpoint with a tokenizer.")
+    parser.add_argument("--preset", default="tiny", help=f"one of {sorted(PRESETS)} "
+                        f"(weights refused for {', '.join(TOO_BIG)}: too big)")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    parser.add_argument("--text-config", action="store_true",
+                        help="nest the text fields under text_config (released layout)")
+    args = parser.parse_args(argv)
+    try:
+        out = write_checkpoint(args.out, args.preset, args.seed, args.force, args.text_config,
+                               progress=True)
+    except ValueError as e:
+        parser.error(str(e))
+    size = (out / "model.safetensors").stat().st_size
+    print(f"wrote {args.preset} checkpoint (seed {args.seed}, {size / 1e6:.1f} MB) to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
