@@ -52,8 +52,12 @@ class ReferenceModel(nn.Module):
         return model.eval()
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, replay_floor: int = 0) -> torch.Tensor:
-        """input_ids int64 [L] -> logits fp32 [L, vocab] (rows < replay_floor are NaN)."""
+    def forward(self, input_ids: torch.Tensor, replay_floor: int = 0,
+                capture: dict | None = None) -> torch.Tensor:
+        """input_ids int64 [L] -> logits fp32 [L, vocab] (rows < replay_floor are NaN).
+
+        capture: if a dict, receives layer index -> (positions [T], residual state after it).
+        """
         cfg, L = self.cfg, input_ids.shape[0]
         F = int(replay_floor)
         if F and self._late_decoder_full is not None:
@@ -74,6 +78,8 @@ class ReferenceModel(nn.Module):
             state = self.residual.attn_done(state, block, y)
             state = self.residual.ffn_done(state, block, block.ffn(self.residual.ffn_input(state,
                                                                                          block)))
+            if capture is not None:
+                capture[i] = (pos, state)
         h = self.norm(self.residual.final(state))
         logits = self.head(h).float()
         if F > 0:

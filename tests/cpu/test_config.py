@@ -1,0 +1,87 @@
+"""DeepseekV41Config: derived roles, sources, and validation messages naming field and layer."""
+import copy
+import json
+
+import pytest
+
+from sglang_dsv41.config import FULL, REINDEX, REUSE, SWA, ConfigError, DeepseekV41Config
+from sglang_dsv41.presets import flash, tiny
+
+
+def test_flash_roles_match_design():
+    cfg = DeepseekV41Config.from_dict(flash())
+    roles = cfg.roles()
+    assert roles[0] == roles[1] == SWA
+    assert [i for i, r in enumerate(roles) if r == FULL] == [2, 8, 14, 20]
+    assert [i for i, r in enumerate(roles) if r == REINDEX] == [24, 28, 32, 36]
+    assert roles.count(REUSE) == 40 - 2 - 4 - 4
+    assert [cfg.source_layer_of(i) for i in (3, 7, 9, 19, 21, 39)] == [2, 2, 8, 14, 20, 20]
+    assert [cfg.index_source_of(i) for i in (3, 21, 24, 27, 39)] == [2, 20, 24, 24, 36]
+    assert cfg.uses_candidates(24) and not cfg.uses_candidates(20) and not cfg.uses_candidates(8)
+    assert cfg.source_layer_of(0) == -1
+
+
+def test_tiny_has_every_role():
+    cfg = DeepseekV41Config.from_dict(tiny())
+    roles = cfg.roles()
+    assert {SWA, FULL, REINDEX, REUSE} <= set(roles)
+    enc_full = [i for i in cfg.kv_source_layer_ids if i < cfg.decoder_start]
+    assert len(enc_full) >= 2 and roles.count(REINDEX) >= 2
+    assert {2, 1} <= set(cfg.compress_ratios)
+    pool = cfg.candidate_topk_blocks * cfg.candidate_block_size
+    assert cfg.sliding_window < 64 and cfg.index_topk < 64 // 2 and pool < 64
+    assert cfg.candidate_topk_blocks > cfg.index_topk
+
+
+def test_release_layout_with_text_config(tmp_path):
+    released = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
+                "text_config": flash(), "vision_config": {"hidden_size": 1024},
+                "quantization_config": {"quant_method": "fp8"}}
+    (tmp_path / "config.json").write_text(json.dumps(released))
+    cfg = DeepseekV41Config.from_hf(tmp_path)
+    assert cfg.num_hidden_layers == 40 and len(cfg.compress_ratios) == 43
+    assert cfg.quantization_config == {"quant_method": "fp8"}
+    assert cfg.extra["vision_config"] == {"hidden_size": 1024}
+
+
+def _bad(**changes):
+    d = copy.deepcopy(tiny())
+    d.update(changes)
+    with pytest.raises(ConfigError) as e:
+        DeepseekV41Config.from_dict(d)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("changes, field, layer", [
+    (dict(kv_source_layer_ids=[1, 3, 6, 8], index_source_layer_ids=[1, 3, 6, 10]),
+     "kv_source_layer_ids", 8),
+    (dict(kv_source_layer_ids=[0, 1, 3, 6], index_source_layer_ids=[0, 1, 3, 6, 8, 10]),
+     "kv_source_layer_ids", 0),
+    (dict(index_source_layer_ids=[1, 3, 6, 8, 12]), "index_source_layer_ids", 12),
+    (dict(index_source_layer_ids=[1, 3, 6, 10, 8]), "index_source_layer_ids", 8),
+    (dict(index_source_layer_ids=[1, 3, 6, 6, 8]), "index_source_layer_ids", 6),
+    (dict(candidate_source_layer_id=8), "candidate_source_layer_id", 8),
+    (dict(candidate_source_layer_id=3), "candidate_source_layer_id", 3),
+    (dict(compress_ratios=[0, 2, 2, 2, 2, 2, 1, 1, 2, 1, 1, 1]), "compress_ratios", 8),
+    (dict(compress_ratios=[0, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 3]), "compress_ratios", 11),
+    (dict(compress_ratios=[0, 1, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1]), "kv_source_layer_ids", 2),
+    (dict(kv_source_layer_ids=[3, 6], index_source_layer_ids=[3, 6, 8, 10]),
+     "kv_source_layer_ids", 1),
+])
+def test_validation_names_field_and_layer(changes, field, layer):
+    msg = _bad(**changes)
+    assert msg.startswith(field) and f"(layer {layer})" in msg, msg
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(o_groups=3), "o_groups"),
+    (dict(qk_rope_head_dim=128), "qk_rope_head_dim"),
+    (dict(index_topk=0), "index_topk"),
+    (dict(sliding_window=0), "sliding_window"),
+    (dict(head_dim=48), "head_dim"),
+    (dict(compress_ratios=[0, 2]), "compress_ratios"),
+    (dict(num_experts_per_tok=9), "num_experts_per_tok"),
+    (dict(kv_cache_dtype_main="fp16"), "kv_cache_dtype_main"),
+])
+def test_validation_names_field(changes, field):
+    assert _bad(**changes).startswith(field)
