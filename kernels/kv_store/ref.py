@@ -1,0 +1,54 @@
+"""Torch reference of the fused KV stores: RMSNorm -> RoPE -> record codec -> scatter into a pool.
+
+The intermediate rounding follows the torch layers: `rms_norm` returns x's dtype and RoPE rounds
+the rotated span back to x's dtype, so a bf16 row is rounded to bf16 after each step, exactly as
+`layers.norm.rms_norm` + `layers.rope.apply_rope` + `kv.records.pack` would do.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from sglang_dsv41.kv.records import Layout, pack, record_bytes
+from sglang_dsv41.layers.norm import rms_norm
+
+
+def rope_cos_sin(pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+    """pos [T] int, inv_freq fp32 [R/2] -> (cos, sin) fp32 [T, R/2], as `apply_rope` computes them."""
+    ang = pos.to(torch.float32)[:, None] * inv_freq.to(device=pos.device, dtype=torch.float32)[None]
+    return torch.cos(ang), torch.sin(ang)
+
+
+def rotate_tail(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [T, D] float, cos/sin fp32 [T, R/2] -> [T, D] in x's dtype, last R dims rotated in pairs."""
+    R = 2 * cos.shape[-1]
+    head, tail = x[..., :-R], x[..., -R:].float()
+    a, b = tail[..., 0::2], tail[..., 1::2]
+    rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)  # [T, R]
+    return torch.cat((head, rot.to(x.dtype)), dim=-1)
+
+
+def record_values(x: Tensor, norm_weight: Tensor | None = None, eps: float = 1e-6,
+                  cos: Tensor | None = None, sin: Tensor | None = None) -> Tensor:
+    """x [T, D] fp32/bf16 -> fp32 [T, D]: the values a store quantizes (norm, then RoPE)."""
+    y = x
+    if norm_weight is not None:
+        y = rms_norm(y, norm_weight, eps)
+    if cos is not None:
+        y = rotate_tail(y, cos, sin)
+    return y.to(torch.float32)
+
+
+def store_records_ref(x: Tensor, pool: Tensor, slots: Tensor, layout: Layout,
+                      norm_weight: Tensor | None = None, eps: float = 1e-6,
+                      cos: Tensor | None = None, sin: Tensor | None = None) -> None:
+    """Write pack(layout, record_values(x, ...)) rows into pool slots, in place.
+
+    x [T, D]; pool uint8 [..., B] whose leading dims flatten to slots; slots [T] int, -1 = skip;
+    cos/sin fp32 [T, R/2] per row (already gathered by position) or None for no RoPE.
+    """
+    B = record_bytes(layout, x.shape[-1])
+    flat = pool.view(-1, B)
+    rec = pack(layout, record_values(x, norm_weight, eps, cos, sin))  # [T, B]
+    keep = slots >= 0
+    flat[slots[keep].long()] = rec[keep]
