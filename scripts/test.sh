@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up (or reuse) the environment, then run the CPU test suite: unit tests and the end-to-end
+# server tests. GPU tests (tests/gpu) run only where CUDA is present: `scripts/test.sh tests/gpu`.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+py="$("$here/scripts/setup_env.sh" | tail -n 1)"
+cd "$here"
+set +e
+"$py" -m pytest -q -p no:cacheprovider ${@:-tests/cpu tests/e2e}
+rc=$?
+set -e
+[ "$rc" -eq 5 ] && { echo "no tests collected" >&2; exit 1; }
+exit "$rc"
