@@ -37,5 +37,9 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.shared" 2>/dev/null)" != "$en
   echo "$shared_site" > "$site/_dsv41_shared_env.pth"
   echo "$env" > "$venv/.shared"
 fi
-"$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$here" >&2
+log="$venv/install.log"
+if ! "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$here" >"$log" 2>&1; then
+  cat "$log" >&2
+  exit 1
+fi
 echo "$venv/bin/python"
