@@ -1,0 +1,228 @@
+"""Sparse MQA attention over V4.1 records in Triton (SM90): decode and prefill.
+
+One program = one query token t x BH heads x one split of the token's entry list. The entry list
+is the SWA segment (W slots into the V41 cache) followed by the top-k segment (TOPK slots into
+the V41_FP4 or V41 main-KV cache), walked in tiles of BN entries. Since MQA shares the one KV
+head, each K tile is gathered and dequantized once per program and serves all BH heads:
+S = Q K^T [BH, BN] and O += P K [BH, D] on tensor cores in bf16 (the dequantized records are
+exact in bf16: e4m3 x 2^k and e2m1 x e4m3 have at most 6 significant bits).
+
+Splits (flash-decoding): with NSPLIT > 1 each program writes its normalized partial output and
+its base-2 log-sum-exp; `_combine_kernel` merges the splits and the sink. NSPLIT is a function
+of shapes only, so a decode call is CUDA-graph capturable (no host syncs, static grid).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _tile_v41(base, stride, idx, valid, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
+    """V41 records at slots idx [BN] -> DT [BN, D] (e4m3 x UE8M0 per 32; invalid rows = 0)."""
+    NG: tl.constexpr = D // 32
+    o_g = tl.arange(0, NG)
+    o_j = tl.arange(0, 32)
+    p_row = base + idx.to(tl.int64) * stride  # [BN]
+    p_v = p_row[:, None, None] + (o_g[None, :, None] * 32 + o_j[None, None, :])  # [BN, NG, 32]
+    b_v = tl.load(p_v, mask=valid[:, None, None], other=0)
+    b_s = tl.load(p_row[:, None] + D + o_g[None, :], mask=valid[:, None], other=127)  # [BN, NG]
+    b_scale = (b_s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    b_k = b_v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * b_scale[:, :, None]
+    return tl.reshape(b_k, (BN, D)).to(DT)
+
+
+@triton.jit
+def _tile_v41_fp4(base, stride, idx, valid, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
+    """V41_FP4 records at slots idx [BN] -> DT [BN, D] (e2m1 x e4m3 per 16; invalid rows = 0).
+
+    An e2m1 code (s, e1 e0, m) placed at fp16 bits 15 and 11..9 is the fp16 number
+    (-1)^s 2^(e-15) (1 + m/2) (subnormal when e = 0), i.e. the e2m1 value times 2^-14; the 2^14
+    is folded into the tile scale.
+    """
+    NG: tl.constexpr = D // 16
+    o_g = tl.arange(0, NG)
+    o_j = tl.arange(0, 8)
+    p_row = base + idx.to(tl.int64) * stride  # [BN]
+    p_v = p_row[:, None, None] + (o_g[None, :, None] * 8 + o_j[None, None, :])  # [BN, NG, 8]
+    b_b = tl.load(p_v, mask=valid[:, None, None], other=0).to(tl.int32)
+    codes = tl.interleave(b_b & 0xF, b_b >> 4)  # [BN, NG, 16]
+    b_h = (((codes & 8) << 12) | ((codes & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
+    b_s = tl.load(p_row[:, None] + D // 2 + o_g[None, :], mask=valid[:, None], other=0x38)
+    b_scale = b_s.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 16384.0  # [BN, NG]
+    b_k = b_h.to(tl.float32) * b_scale[:, :, None]
+    return tl.reshape(b_k, (BN, D)).to(DT)
+
+
+@triton.jit
+def _attend_tile(b_q, b_k, valid, m_i, l_i, acc, qk_scale):
+    """Online-softmax step over one K tile. b_q [BH, D], b_k [BN, D] (bf16), valid [BN]."""
+    s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BH, BN], base-2 logits
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])  # [BH, BN]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(b_k.dtype), b_k)  # [BH, D]
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _sparse_attn_kernel(
+    q_ptr, stride_qt, stride_qh,                  # bf16 [T, H, D]
+    swa_ptr, swa_stride, swa_idx_ptr, stride_swt,  # uint8 [S, D + D/32]; int32 [T, W]
+    kv_ptr, kv_stride, kv_idx_ptr, stride_kvt,     # uint8 [S', B]; int32 [T, TOPK]
+    sink_ptr,                                      # fp32 [H]
+    o_ptr, stride_ot, stride_os, stride_oh,        # out [T, H, D] or fp32 partials [T, NS, H, D]
+    lse_ptr,                                       # fp32 [T, NS, H] (SPLIT)
+    H, W, TOPK, qk_scale,
+    D: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, KV_FP4: tl.constexpr,
+    HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    # DOT_FP32 only for TRITON_INTERPRET=1 (its bf16 dot is wrong); on GPUs the dots are bf16.
+    DT: tl.constexpr = tl.float32 if DOT_FP32 else tl.bfloat16
+    i_t = tl.program_id(0).to(tl.int64)
+    i_hb = tl.program_id(1)
+    i_s = tl.program_id(2)
+    o_h = i_hb * BH + tl.arange(0, BH)
+    m_h = o_h < H
+    o_d = tl.arange(0, D)
+    o_n = tl.arange(0, BN)
+    p_q = q_ptr + i_t * stride_qt + o_h[:, None] * stride_qh + o_d[None, :]
+    b_q = tl.load(p_q, mask=m_h[:, None], other=0.0).to(tl.bfloat16).to(DT)  # [BH, D]
+
+    m_i = tl.full([BH], -1e30, tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, D], tl.float32)
+
+    n_sw = tl.cdiv(W, BN)
+    n_tiles = n_sw + tl.cdiv(TOPK, BN)
+    per = tl.cdiv(n_tiles, NUM_SPLITS)
+    u0 = i_s * per
+    u1 = tl.minimum(u0 + per, n_tiles)
+    for u in range(u0, tl.minimum(u1, n_sw)):
+        o_w = u * BN + o_n
+        idx = tl.load(swa_idx_ptr + i_t * stride_swt + o_w, mask=o_w < W, other=-1)
+        valid = idx >= 0
+        b_k = _tile_v41(swa_ptr, swa_stride, idx, valid, D, BN, DT)
+        m_i, l_i, acc = _attend_tile(b_q, b_k, valid, m_i, l_i, acc, qk_scale)
+    for u in range(tl.maximum(u0, n_sw) - n_sw, u1 - n_sw):
+        o_k = u * BN + o_n
+        idx = tl.load(kv_idx_ptr + i_t * stride_kvt + o_k, mask=o_k < TOPK, other=-1)
+        valid = idx >= 0
+        if KV_FP4:
+            b_k = _tile_v41_fp4(kv_ptr, kv_stride, idx, valid, D, BN, DT)
+        else:
+            b_k = _tile_v41(kv_ptr, kv_stride, idx, valid, D, BN, DT)
+        m_i, l_i, acc = _attend_tile(b_q, b_k, valid, m_i, l_i, acc, qk_scale)
+
+    p_o = o_ptr + i_t * stride_ot + i_s * stride_os + o_h[:, None] * stride_oh + o_d[None, :]
+    if SPLIT:
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        tl.store(p_o, acc / l_safe[:, None], mask=m_h[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(lse_ptr + (i_t * NUM_SPLITS + i_s) * H + o_h, lse, mask=m_h)
+    else:
+        if HAS_SINK:
+            s2 = tl.load(sink_ptr + o_h, mask=m_h, other=0.0) * 1.4426950408889634
+            m_f = tl.maximum(m_i, s2)
+            w = tl.exp2(m_i - m_f)
+            den = l_i * w + tl.exp2(s2 - m_f)
+        else:
+            w = tl.full([BH], 1.0, tl.float32)
+            den = tl.where(l_i > 0, l_i, 1.0)
+        o = acc * (w / den)[:, None]
+        tl.store(p_o, o.to(o_ptr.dtype.element_ty), mask=m_h[:, None])
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr, lse_ptr, sink_ptr, o_ptr, stride_ot, stride_oh, H,
+    D: tl.constexpr, NUM_SPLITS: tl.constexpr, NS_P2: tl.constexpr, HAS_SINK: tl.constexpr,
+):
+    """Merge split partials [T, NS, H, D] (normalized) with base-2 lse [T, NS, H] and the sink."""
+    i_t = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    o_s = tl.arange(0, NS_P2)
+    o_d = tl.arange(0, D)
+    m_s = o_s < NUM_SPLITS
+    lse = tl.load(lse_ptr + (i_t * NUM_SPLITS + o_s) * H + i_h, mask=m_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    if HAS_SINK:
+        s2 = tl.load(sink_ptr + i_h) * 1.4426950408889634
+        m = tl.maximum(m, s2)
+    m = tl.maximum(m, -1e30)
+    w = tl.exp2(lse - m)  # [NS_P2]
+    den = tl.sum(w, 0)
+    if HAS_SINK:
+        den += tl.exp2(s2 - m)
+    p_p = part_ptr + ((i_t * NUM_SPLITS + o_s[:, None]) * H + i_h) * D + o_d[None, :]
+    b_p = tl.load(p_p, mask=m_s[:, None], other=0.0)  # [NS_P2, D]
+    o = tl.sum(b_p * w[:, None], 0) / tl.where(den > 0, den, 1.0)
+    tl.store(o_ptr + i_t * stride_ot + i_h * stride_oh + o_d, o.to(o_ptr.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def pick_splits(T: int, head_blocks: int, n_tiles: int, device: torch.device) -> int:
+    """Splits per (token, head block) so that the grid roughly fills the GPU once (shape-only)."""
+    if device.type != "cuda":
+        return max(1, min(n_tiles, 2))
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, min(n_tiles, sms // max(1, T * head_blocks)))
+
+
+def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink,
+                     scale: float, out: torch.Tensor, num_splits: int | None = None,
+                     block_n: int = 32, num_warps: int = 8, num_stages: int = 1):
+    """Launch; arguments as validated by `kernels.sparse_attn.sparse_attention`.
+
+    q [T, H, D] bf16 (last dim contiguous); swa_flat uint8 [S, D + D/32] and swa_slots int32
+    [T, W]; kv_flat uint8 [S', B] and topk_slots int32 [T, TOPK]; attn_sink fp32 [H] or None;
+    out [T, H, D] (bf16 or fp32) written in place. W or TOPK may be 0 (pass a dummy cache).
+    """
+    T, H, D = q.shape
+    if T == 0:
+        return out
+    W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
+    BH = min(64, max(16, triton.next_power_of_2(H)))
+    head_blocks = triton.cdiv(H, BH)
+    n_tiles = triton.cdiv(W, block_n) + triton.cdiv(TOPK, block_n)
+    ns = num_splits or pick_splits(T, head_blocks, n_tiles, q.device)
+    ns = max(1, min(ns, max(n_tiles, 1)))
+    split = ns > 1
+    if split:
+        part = torch.empty(T, ns, H, D, dtype=torch.float32, device=q.device)
+        lse = torch.empty(T, ns, H, dtype=torch.float32, device=q.device)
+        o_t, o_args = part, (part.stride(0), part.stride(1), part.stride(2))
+    else:
+        lse = out
+        o_t, o_args = out, (out.stride(0), 0, out.stride(1))
+    sink = attn_sink if attn_sink is not None else lse
+    _sparse_attn_kernel[(T, head_blocks, ns)](
+        q, q.stride(0), q.stride(1),
+        swa_flat, swa_flat.stride(0), swa_slots, swa_slots.stride(0),
+        kv_flat, kv_flat.stride(0), topk_slots, topk_slots.stride(0),
+        sink, o_t, *o_args, lse,
+        H, W, TOPK, scale * LOG2E,
+        D=D, BH=BH, BN=block_n, KV_FP4=kv_fp4, HAS_SINK=attn_sink is not None,
+        SPLIT=split, NUM_SPLITS=ns, DOT_FP32=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if split:
+        _combine_kernel[(T, H)](
+            part, lse, sink, out, out.stride(0), out.stride(1), H,
+            D=D, NUM_SPLITS=ns, NS_P2=triton.next_power_of_2(ns),
+            HAS_SINK=attn_sink is not None, num_warps=4,
+        )
+    return out
