@@ -21,6 +21,9 @@ amax_t = max |x| over the tile, NaN if the tile holds a NaN. ``x / scale`` is an
 Special tiles: an all-zero tile decodes to zeros (signs kept: -0.0 stays -0.0). A tile holding
 any NaN or +-inf gets the NaN scale (UE8M0 0xFF, e4m3 0x7F); every value in it then divides to
 NaN and encodes as the NaN code (e4m3 0x7F, e2m1 0), and the whole tile decodes to NaN.
+Range: V41_FP4 saturates at 6 * 448 = 2688 (larger finite values decode to +-2688); the UE8M0
+layouts cover all of fp32, but a tile with amax >= 2^127 may round up to a grid value whose
+decoded product overflows to +-inf. Full rules and worked bytes: docs/kv_records.md.
 """
 
 from __future__ import annotations
