@@ -1,0 +1,111 @@
+"""The whole oracle: determinism, bounded replay semantics, generation, CLI."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sglang_dsv41.reference import ReferenceModel, load_reference
+from sglang_dsv41.tools.make_checkpoint import main as make_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    make_checkpoint(["--preset", "tiny", "--out", str(out / "ckpt")])
+    return out / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir):
+    return load_reference(tiny_dir)
+
+
+def _ids(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(30, 512, (n,), generator=g)
+
+
+def test_deterministic(model, tiny_dir):
+    ids = _ids(200, 1)
+    a, b = model(ids), model(ids)
+    assert torch.equal(a, b)
+    again = load_reference(tiny_dir)
+    assert torch.equal(again(ids), a)
+
+
+def test_replay_changes_only_the_decoder_tail(model):
+    cfg = model.cfg
+    L = 150
+    ids = _ids(L, 2)
+    F = L - cfg.sliding_window
+    full, replay = {}, {}
+    lf = model(ids, capture=full)
+    lr = model(ids, replay_floor=F, capture=replay)
+    for i in range(cfg.decoder_start):
+        assert torch.equal(full[i][1], replay[i][1]), f"encoder layer {i} differs"
+    assert torch.isnan(lr[:F]).all() and not torch.isnan(lr[F:]).any()
+    # The first tail query's decoder SWA sees only itself under replay: the states differ.
+    last = cfg.num_hidden_layers - 1
+    assert replay[last][1].shape[0] == L - F
+    assert not torch.allclose(full[last][1][F:], replay[last][1])
+    assert not torch.allclose(lf[F:], lr[F:])
+
+
+def test_replay_floor_zero_and_short_prompts_equal_full(model):
+    ids = _ids(10, 3)  # shorter than the window: the floor is 0
+    assert model.replay_floor_for(10, True) == 0
+    assert model.generate(ids.tolist(), 4, replay=True) == model.generate(ids.tolist(), 4,
+                                                                          replay=False)
+
+
+def test_prompt_longer_than_window_topk_and_pool(model):
+    cfg = model.cfg
+    L = 300
+    assert L // 2 > cfg.index_topk and L > cfg.candidate_topk_blocks * cfg.candidate_block_size
+    out = model.generate(_ids(L, 4).tolist(), 12, replay=False)
+    assert len(out) == 12 and len(set(out)) > 3
+
+
+def test_generation_uses_a_fixed_replay_floor(model):
+    """Decode steps after a replayed prefill continue on the same approximate states."""
+    cfg = model.cfg
+    prompt = _ids(80, 5).tolist()
+    out = model.generate(prompt, 3, replay=True)
+    F = len(prompt) - cfg.sliding_window
+    seq = torch.tensor(prompt + out[:2])
+    logits = model(seq, replay_floor=F)
+    assert int(torch.argmax(logits[-1])) == out[2]
+
+
+def test_fp8_main_kv_selectable(tiny_dir):
+    m = load_reference(tiny_dir)
+    m8 = load_reference(tiny_dir)
+    m8.cfg.kv_cache_dtype_main = "fp8"
+    ids = _ids(120, 6)
+    a, b = m(ids), m8(ids)
+    assert not torch.equal(a, b)
+    assert float((a - b).norm() / a.norm()) < 0.2  # a finer main-KV record, same model
+
+
+def test_cli_prints_json(tiny_dir):
+    r = subprocess.run([sys.executable, "-m", "sglang_dsv41.reference", "--model", str(tiny_dir),
+                        "--input-ids", "5,6,7,8,9", "--max-new-tokens", "3", "--no-replay"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(out["output_ids"]) == 3
+    model = load_reference(tiny_dir)
+    assert out["output_ids"] == model.generate([5, 6, 7, 8, 9], 3, replay=False)
+
+
+def test_cli_rejects_bad_input(tiny_dir):
+    r = subprocess.run([sys.executable, "-m", "sglang_dsv41.reference", "--model", str(tiny_dir),
+                        "--input-ids", "5,x", "--max-new-tokens", "3"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "integers" in r.stderr
+
+
+def test_meta_construction_matches_eager(tiny_dir):
+    assert isinstance(load_reference(tiny_dir), ReferenceModel)
