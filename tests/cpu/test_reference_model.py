@@ -85,8 +85,12 @@ def test_fp8_main_kv_selectable(tiny_dir):
     m8.cfg.kv_cache_dtype_main = "fp8"
     ids = _ids(120, 6)
     a, b = m(ids), m8(ids)
-    assert not torch.equal(a, b)
-    assert float((a - b).norm() / a.norm()) < 0.2  # a finer main-KV record, same model
+    assert not torch.equal(a, b) and torch.isfinite(b).all()
+    from sglang_dsv41.layers.quant import quant_main_kv
+    x = torch.randn(64, m.cfg.head_dim)
+    err4 = (quant_main_kv(m.cfg, x) - x).norm()
+    err8 = (quant_main_kv(m8.cfg, x) - x).norm()
+    assert err8 < err4 / 4  # V41 (e4m3) is a much finer record than V41_FP4
 
 
 def test_cli_prints_json(tiny_dir):
