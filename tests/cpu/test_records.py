@@ -1,6 +1,8 @@
 """V41 / V41_FP4 / index-K records: sizes, hand-built bytes, brute-force round trips, specials."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -61,6 +63,29 @@ def test_record_sizes_at_flash_dims():
         record_bytes(Layout.V41, 48)
     with pytest.raises(ValueError):
         record_dim(Layout.V41_FP4, 100)
+
+
+def test_kv_imports_without_sglang():
+    code = (
+        "import sys; sys.modules['sglang'] = None; import sglang_dsv41.kv as kv; "
+        "print(kv.record_bytes(kv.Layout.V41_FP4, 512))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "288"
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+def test_flash_records_and_layout_views(layout):
+    dim = 128 if layout is Layout.INDEX_K else 512
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(dim, 6, generator=g).t()  # non-contiguous [6, dim]
+    rec = pack(layout, x)
+    assert rec.shape == (6, {Layout.V41: 528, Layout.V41_FP4: 288, Layout.INDEX_K: 68}[layout])
+    assert torch.equal(rec, pack(layout, x.contiguous()))
+    assert torch.equal(rec[4], pack(layout, x[4]))  # a record depends on its own row only
+    assert torch.equal(rec.view(2, 3, -1), pack(layout, x.reshape(2, 3, dim)))
+    assert unpack(layout, rec).shape == (6, dim)
 
 
 @pytest.mark.parametrize("layout", list(Layout))
