@@ -30,10 +30,12 @@ from sglang_dsv41.kv.records import (
     pack_v41_fp4,
     record_bytes,
     record_dim,
+    scale_tile,
     unpack,
     unpack_index_k,
     unpack_v41,
     unpack_v41_fp4,
+    value_bytes,
 )
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "pages_needed",
     "record_bytes",
     "record_dim",
+    "scale_tile",
     "slot_of",
     "slots_of_request",
     "ue8m0_decode",
@@ -66,4 +69,5 @@ __all__ = [
     "unpack_nibbles",
     "unpack_v41",
     "unpack_v41_fp4",
+    "value_bytes",
 ]

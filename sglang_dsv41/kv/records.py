@@ -57,7 +57,6 @@ class Layout(enum.Enum):
     INDEX_K = "index_k"  # e2m1 values + UE8M0 scale per 32 (indexer keys and FP4 queries)
 
 
-# values per scale
 _TILE = {Layout.V41: 32, Layout.V41_FP4: 16, Layout.INDEX_K: 32}
 
 
@@ -66,11 +65,20 @@ def _check_dim(dim: int) -> None:
         raise ValueError(f"record dim must be a positive multiple of 32, got {dim}")
 
 
+def scale_tile(layout: Layout) -> int:
+    """Consecutive values sharing one scale byte: 32 (V41, INDEX_K) or 16 (V41_FP4)."""
+    return _TILE[layout]
+
+
+def value_bytes(layout: Layout, dim: int) -> int:
+    """Bytes of a record's value part = byte offset of its first scale (D, or D/2 for e2m1)."""
+    _check_dim(dim)
+    return dim if layout is Layout.V41 else dim // 2
+
+
 def record_bytes(layout: Layout, dim: int) -> int:
     """Bytes of one record of ``dim`` values: 528 / 288 / 68 at dim 512 / 512 / 128."""
-    _check_dim(dim)
-    value_bytes = dim if layout is Layout.V41 else dim // 2
-    return value_bytes + dim // _TILE[layout]
+    return value_bytes(layout, dim) + dim // _TILE[layout]
 
 
 def record_dim(layout: Layout, nbytes: int) -> int:
@@ -102,8 +110,8 @@ def _split(rec: Tensor, layout: Layout) -> tuple[Tensor, Tensor, int]:
     if rec.dtype != torch.uint8:
         raise TypeError(f"records are uint8, got {rec.dtype}")
     dim = record_dim(layout, rec.shape[-1])
-    value_bytes = dim if layout is Layout.V41 else dim // 2
-    return rec[..., :value_bytes], rec[..., value_bytes:], dim
+    nv = value_bytes(layout, dim)
+    return rec[..., :nv], rec[..., nv:], dim
 
 
 def pack_v41(x: Tensor) -> Tensor:

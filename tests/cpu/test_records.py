@@ -17,15 +17,17 @@ from sglang_dsv41.kv.records import (
     pack_v41_fp4,
     record_bytes,
     record_dim,
+    scale_tile,
     unpack,
     unpack_index_k,
     unpack_v41,
     unpack_v41_fp4,
+    value_bytes,
 )
 
 NAN = float("nan")
 INF = float("inf")
-TILE = {Layout.V41: 32, Layout.V41_FP4: 16, Layout.INDEX_K: 32}
+TILE = {Layout.V41: 32, Layout.V41_FP4: 16, Layout.INDEX_K: 32}  # written out, not imported
 
 
 def u8(values) -> list[int]:
@@ -56,6 +58,8 @@ def test_record_sizes_at_flash_dims():
     assert record_bytes(Layout.V41, 64) == 66
     assert record_bytes(Layout.V41_FP4, 64) == 36
     assert record_bytes(Layout.INDEX_K, 32) == 17
+    assert [value_bytes(layout, 512) for layout in Layout] == [512, 256, 256]
+    assert [scale_tile(layout) for layout in Layout] == [32, 16, 32]
     for layout in Layout:
         for dim in (32, 64, 128, 512, 1024):
             assert record_dim(layout, record_bytes(layout, dim)) == dim
@@ -232,10 +236,6 @@ def test_fake_quant_bit_identical(layout):
 
 SCALE_NAN = {Layout.V41: 0xFF, Layout.V41_FP4: 0x7F, Layout.INDEX_K: 0xFF}
 ZERO_SCALE = {Layout.V41: 105, Layout.V41_FP4: 0x01, Layout.INDEX_K: 112}
-
-
-def value_bytes(layout: Layout, dim: int) -> int:
-    return dim if layout is Layout.V41 else dim // 2
 
 
 @pytest.mark.parametrize("layout", list(Layout))
