@@ -119,6 +119,32 @@ def compressed_token_map(tokenizer) -> tuple[Tensor, int]:
     return torch.tensor(table, dtype=torch.int64), len(ids)
 
 
+def build_engram_hasher(cfg, checkpoint_dir=None) -> Optional["EngramHasher"]:
+    """The model's EngramHasher, or None without engram layers.
+
+    The token map comes from `checkpoint_dir/tokenizer.json`; ids past the tokenizer's length
+    (vocab padding) map to the pad token's compressed id. Without a tokenizer the identity map
+    is used, which is only valid when engram_compressed_vocab_size == vocab_size.
+    """
+    import os
+
+    if not cfg.engram_layer_ids:
+        return None
+    path = None if checkpoint_dir is None else os.path.join(checkpoint_dir, "tokenizer.json")
+    if path is not None and os.path.exists(path):
+        from tokenizers import Tokenizer
+
+        table, vc = compressed_token_map(Tokenizer.from_file(path))
+        if table.shape[0] < cfg.vocab_size:
+            pad = table[cfg.engram_pad_token_id]
+            table = torch.cat([table, pad.expand(cfg.vocab_size - table.shape[0])])
+        return EngramHasher(cfg, table, vc)
+    if cfg.engram_compressed_vocab_size != cfg.vocab_size:
+        raise ValueError("engram_compressed_vocab_size: no tokenizer.json to build the engram "
+                         "token map from, and the identity map needs it equal to vocab_size")
+    return EngramHasher(cfg, torch.arange(cfg.vocab_size), cfg.vocab_size)
+
+
 def ngram_windows(input_ids: Tensor, positions: Tensor, max_ngram: int) -> tuple[Tensor, Tensor]:
     """Predecessor windows of one contiguous sequence.
 

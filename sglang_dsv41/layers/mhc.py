@@ -119,3 +119,57 @@ def hc_sublayer(
                              hc_eps=hc_eps, rms_eps=rms_eps)
     y = sublayer(norm(hc_collapse(H, pre_prev)))  # [T, d]
     return hc_post(y, H, post, comb), pre
+
+
+class MhcResidual:
+    """The mHC residual behind the interface of `layers.residual.PlainResidual`.
+
+    State: (H [T, S, d] in the embedding's dtype, pre fp32 [T, S] or None). A block holds
+    `hc_attn_*` and `hc_ffn_*` (add_hc_params) beside `attn_norm` / `ffn_norm`. The sublayer
+    input uses the pre carried in the state (the previous hyper-connection's); `*_done` mixes
+    from the same H (step 1 does not depend on y) and carries this hyper-connection's pre on.
+    """
+
+    def __init__(self, cfg):
+        self.S = cfg.hc_mult
+        self.kw = dict(iters=cfg.hc_sinkhorn_iters, hc_eps=cfg.hc_eps, rms_eps=cfg.rms_norm_eps)
+
+    def init(self, emb: Tensor):
+        """emb [T, d] -> state with the embedding in every stream and no pre yet."""
+        return hc_expand(emb, self.S), None
+
+    def select(self, state, rows: Tensor):
+        H, pre = state
+        return H[rows], None if pre is None else pre[rows]
+
+    def inject(self, state, fn: Callable[[Tensor], Tensor]):
+        """Replace the streams by fn(H) (Engram); the pre weights streams, so it survives."""
+        H, pre = state
+        return fn(H).to(H.dtype), pre
+
+    def _input(self, state, norm) -> Tensor:
+        H, pre = state
+        return norm(hc_collapse(H, pre).to(H.dtype))
+
+    def _done(self, state, block, name: str, y: Tensor):
+        H, _ = state
+        pre, post, comb = hc_mix(H, getattr(block, f"{name}_fn"), getattr(block, f"{name}_base"),
+                                 getattr(block, f"{name}_scale"), **self.kw)
+        return hc_post(y, H, post, comb).to(H.dtype), pre
+
+    def attn_input(self, state, block) -> Tensor:
+        return self._input(state, block.attn_norm)
+
+    def attn_done(self, state, block, y: Tensor):
+        return self._done(state, block, "hc_attn", y)
+
+    def ffn_input(self, state, block) -> Tensor:
+        return self._input(state, block.ffn_norm)
+
+    def ffn_done(self, state, block, y: Tensor):
+        return self._done(state, block, "hc_ffn", y)
+
+    def final(self, state) -> Tensor:
+        """[T, d]: the streams collapsed with the last FFN's pre (before `norm`, `head`)."""
+        H, pre = state
+        return hc_collapse(H, pre).to(H.dtype)

@@ -77,7 +77,7 @@ def scan_checkpoint(path: str) -> tuple[dict, dict]:
     return found, where
 
 
-def manifest_problems(found: dict, expected: dict, limit: int = 50) -> list:
+def manifest_problems(found: dict, expected: dict) -> list:
     """Messages for every missing, unexpected, wrongly typed or wrongly shaped tensor."""
     problems = []
     for name in sorted(set(expected) - set(found)):
@@ -92,17 +92,18 @@ def manifest_problems(found: dict, expected: dict, limit: int = 50) -> list:
             problems.append(f"{name}: dtype {fd}, expected {ed}")
         if tuple(fs) != tuple(es):
             problems.append(f"{name}: shape {list(fs)}, expected {list(es)}")
-    if len(problems) > limit:
-        problems = problems[:limit] + [f"... and {len(problems) - limit} more"]
     return problems
 
 
-def validate_release(found: dict, cfg, source: str = "checkpoint") -> int:
-    """Raise WeightFormatError naming each bad tensor; return the number of skipped tensors."""
+def validate_release(found: dict, cfg, source: str = "checkpoint", limit: int = 50) -> int:
+    """Raise WeightFormatError naming each bad tensor (the first `limit` of them); return the
+    number of skipped tensors."""
     problems = manifest_problems(found, release_manifest(cfg))
     if problems:
+        shown = problems[:limit] + ([f"... and {len(problems) - limit} more"]
+                                    if len(problems) > limit else [])
         raise WeightFormatError(f"{source}: {len(problems)} tensor problem(s):\n  "
-                                + "\n  ".join(problems))
+                                + "\n  ".join(shown))
     return sum(1 for n in found if is_skipped(n))
 
 
