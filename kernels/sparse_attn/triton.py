@@ -33,9 +33,9 @@ def _tile_v41(base, stride, idx, valid, D: tl.constexpr, BN: tl.constexpr, DT: t
     p_v = p_row[:, None, None] + (o_g[None, :, None] * 32 + o_j[None, None, :])  # [BN, NG, 32]
     b_v = tl.load(p_v, mask=valid[:, None, None], other=0)
     b_s = tl.load(p_row[:, None] + D + o_g[None, :], mask=valid[:, None], other=127)  # [BN, NG]
-    b_scale = (b_s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    b_k = b_v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * b_scale[:, :, None]
-    return tl.reshape(b_k, (BN, D)).to(DT)
+    b_scale = (b_s.to(tl.int32) << 23).to(tl.float32, bitcast=True).to(DT)
+    b_k = b_v.to(tl.float8e4nv, bitcast=True).to(DT) * b_scale[:, :, None]
+    return tl.reshape(b_k, (BN, D))
 
 
 @triton.jit
@@ -55,9 +55,9 @@ def _tile_v41_fp4(base, stride, idx, valid, D: tl.constexpr, BN: tl.constexpr, D
     codes = tl.interleave(b_b & 0xF, b_b >> 4)  # [BN, NG, 16]
     b_h = (((codes & 8) << 12) | ((codes & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
     b_s = tl.load(p_row[:, None] + D // 2 + o_g[None, :], mask=valid[:, None], other=0x38)
-    b_scale = b_s.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 16384.0  # [BN, NG]
-    b_k = b_h.to(tl.float32) * b_scale[:, :, None]
-    return tl.reshape(b_k, (BN, D)).to(DT)
+    b_scale = (b_s.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 16384.0).to(DT)  # [BN, NG]
+    b_k = b_h.to(DT) * b_scale[:, :, None]
+    return tl.reshape(b_k, (BN, D))
 
 
 @triton.jit
@@ -132,13 +132,12 @@ def _sparse_attn_kernel(
     else:
         if HAS_SINK:
             s2 = tl.load(sink_ptr + o_h, mask=m_h, other=0.0) * 1.4426950408889634
-            m_f = tl.maximum(m_i, s2)
-            w = tl.exp2(m_i - m_f)
-            den = l_i * w + tl.exp2(s2 - m_f)
         else:
-            w = tl.full([BH], 1.0, tl.float32)
-            den = tl.where(l_i > 0, l_i, 1.0)
-        o = acc * (w / den)[:, None]
+            s2 = tl.full([BH], float("-inf"), tl.float32)
+        m_f = tl.maximum(m_i, s2)
+        w = tl.exp2(m_i - m_f)
+        den = l_i * w + tl.exp2(s2 - m_f)
+        o = acc * (w / tl.where(den > 0, den, 1.0))[:, None]
         tl.store(p_o, o.to(o_ptr.dtype.element_ty), mask=m_h[:, None])
 
 
@@ -154,15 +153,13 @@ def _combine_kernel(
     o_d = tl.arange(0, D)
     m_s = o_s < NUM_SPLITS
     lse = tl.load(lse_ptr + (i_t * NUM_SPLITS + o_s) * H + i_h, mask=m_s, other=float("-inf"))
-    m = tl.max(lse, 0)
     if HAS_SINK:
         s2 = tl.load(sink_ptr + i_h) * 1.4426950408889634
-        m = tl.maximum(m, s2)
-    m = tl.maximum(m, -1e30)
+    else:
+        s2 = float("-inf")
+    m = tl.maximum(tl.maximum(tl.max(lse, 0), s2), -1e30)
     w = tl.exp2(lse - m)  # [NS_P2]
-    den = tl.sum(w, 0)
-    if HAS_SINK:
-        den += tl.exp2(s2 - m)
+    den = tl.sum(w, 0) + tl.exp2(s2 - m)
     p_p = part_ptr + ((i_t * NUM_SPLITS + o_s[:, None]) * H + i_h) * D + o_d[None, :]
     b_p = tl.load(p_p, mask=m_s[:, None], other=0.0)  # [NS_P2, D]
     o = tl.sum(b_p * w[:, None], 0) / tl.where(den > 0, den, 1.0)

@@ -1,0 +1,225 @@
+"""Sparse attention over V4.1 records (ours, Triton) vs FlashMLA SM90 (V4 584 B records), one run.
+
+Decode: batch 1/8/32/128, one query token per request, 64 heads x 512, SWA window 128 + top-512,
+sink. Ours reads V41 (528 B) SWA records and V41_FP4 (288 B) or V41 main-KV records; FlashMLA's
+legacy sparse decode reads V4 584 B records for both (`k_cache` + `extra_k_cache`).
+Prefill: 4096 queries x (128 + 512) indices, 64 heads; FlashMLA's `flash_mla_sparse_fwd` reads
+bf16 KV. Times are medians of `triton.testing.do_bench` (L2 flushed before each call).
+Also prints the machine's copy bandwidth and bf16 matmul rate, the ceilings of the roofline.
+
+    python benchmarks/bench_attention.py [--json out.json] [--sweep]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+
+from sglang_dsv41.kernels.sparse_attn import sparse_attention
+from sglang_dsv41.kv.records import Layout, record_bytes
+
+H, D, W, TOPK = 64, 512, 128, 512
+DEV = torch.device("cuda")
+CONFIGS = [  # (block_n, num_warps, num_stages)
+    (32, 8, 1), (16, 8, 1), (64, 8, 1), (32, 8, 2),
+]
+
+
+def bench(fn) -> float:
+    """Median microseconds of fn()."""
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def ceilings() -> dict:
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device=DEV)
+    b = torch.empty_like(a)
+    t_copy = bench(lambda: b.copy_(a))
+    x = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    t_mm = bench(lambda: x @ y)
+    return {"copy_TBps": 2 * n / t_copy / 1e6, "bf16_TFLOPs": 2 * 8192 ** 3 / t_mm / 1e6}
+
+
+def random_records(n: int, nbytes: int) -> torch.Tensor:
+    """uint8 [n, nbytes] of finite-looking bytes (no NaN codes); values do not affect timing."""
+    return torch.randint(0, 0x70, (n, nbytes), dtype=torch.uint8, device=DEV)
+
+
+def decode_case(B: int, ctx_entries: int = 4096):
+    """Slot lists of B decode tokens: a private window of 128 and a top-512 of ctx_entries each."""
+    swa_slots = torch.randperm(B * 1024, device=DEV)[: B * W].view(B, W).to(torch.int32)
+    base = (torch.arange(B, device=DEV) * ctx_entries)[:, None]
+    pick = torch.rand(B, ctx_entries, device=DEV).argsort(dim=1)[:, :TOPK]
+    topk_slots = (base + pick).to(torch.int32)  # [B, TOPK]
+    return swa_slots, topk_slots, B * 1024, B * ctx_entries
+
+
+def work(T: int, main_bytes: int, swa_bytes: int, out_bytes: int = 2) -> tuple[float, float]:
+    """(FLOP, bytes) of T tokens: QK and PV over W + TOPK entries; q, out, records, indices."""
+    flop = 4.0 * T * H * D * (W + TOPK)
+    nbytes = T * (H * D * 2 + H * D * out_bytes + W * swa_bytes + TOPK * main_bytes
+                  + (W + TOPK) * 4)
+    return flop, nbytes
+
+
+def ours_decode(B, layout, cfg=None):
+    swa_slots, topk_slots, n_swa, n_kv = decode_case(B)
+    swa = random_records(n_swa, 528)
+    kv = random_records(n_kv, record_bytes(layout, D))
+    q = torch.randn(B, H, D, device=DEV, dtype=torch.bfloat16)
+    sink = torch.randn(H, device=DEV)
+    out = torch.empty(B, H, D, device=DEV, dtype=torch.bfloat16)
+    launch = {} if cfg is None else dict(block_n=cfg[0], num_warps=cfg[1], num_stages=cfg[2])
+    fn = lambda: sparse_attention(q, swa, swa_slots, kv, topk_slots, layout, sink, out=out,  # noqa
+                                  **launch)
+    fn()
+    return bench(fn)
+
+
+def flashmla_decode(B):
+    import flash_mla
+
+    swa_slots, topk_slots, n_swa, n_kv = decode_case(B)
+    page = 64
+    k_cache = random_records(n_swa, 584).view(n_swa // page, page, 1, 584)
+    extra = random_records(n_kv, 584).view(n_kv // page, page, 1, 584)
+    q = torch.randn(B, 1, H, D, device=DEV, dtype=torch.bfloat16)
+    sink = torch.randn(H, device=DEV)
+    meta, _ = flash_mla.get_mla_metadata()
+    fn = lambda: flash_mla.flash_mla_with_kvcache(  # noqa
+        q, k_cache, None, None, D, meta, softmax_scale=D ** -0.5,
+        indices=swa_slots.view(B, 1, W), attn_sink=sink, extra_k_cache=extra,
+        extra_indices_in_kvcache=topk_slots.view(B, 1, TOPK), use_legacy=True)
+    fn()
+    return bench(fn)
+
+
+def flashmla_decode_v41(B):
+    """FlashMLA's legacy decode asked for V4.1 records (528 B SWA + 288 B main); may refuse SM90."""
+    import flash_mla
+
+    swa_slots, topk_slots, n_swa, n_kv = decode_case(B)
+    page = 64
+    k_cache = random_records(n_swa, 528).view(n_swa // page, page, 1, 528)
+    extra = random_records(n_kv, 288).view(n_kv // page, page, 1, 288)
+    q = torch.randn(B, 1, H, D, device=DEV, dtype=torch.bfloat16)
+    sink = torch.randn(H, device=DEV)
+    meta, _ = flash_mla.get_mla_metadata()
+    fn = lambda: flash_mla.flash_mla_with_kvcache(  # noqa
+        q, k_cache, None, None, D, meta, softmax_scale=D ** -0.5,
+        indices=swa_slots.view(B, 1, W), attn_sink=sink, extra_k_cache=extra,
+        extra_indices_in_kvcache=topk_slots.view(B, 1, TOPK), use_legacy=True)
+    fn()
+    return bench(fn)
+
+
+def prefill_case(T: int, ctx_tokens: int):
+    """T query tokens at the end of one ctx_tokens prompt: windows over tokens, top-512 entries."""
+    pos = torch.arange(ctx_tokens - T, ctx_tokens, device=DEV)
+    swa_slots = (pos[:, None] - torch.arange(W - 1, -1, -1, device=DEV)[None]).to(torch.int32)
+    n_entries = ctx_tokens // 2
+    topk_slots = torch.rand(T, n_entries, device=DEV).topk(TOPK, dim=1).indices.to(torch.int32)
+    return swa_slots, topk_slots, ctx_tokens, n_entries
+
+
+def ours_prefill(T, layout, cfg=None, ctx_tokens=16384):
+    swa_slots, topk_slots, n_swa, n_kv = prefill_case(T, ctx_tokens)
+    swa = random_records(n_swa, 528)
+    kv = random_records(n_kv, record_bytes(layout, D))
+    q = torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16)
+    sink = torch.randn(H, device=DEV)
+    out = torch.empty(T, H, D, device=DEV, dtype=torch.bfloat16)
+    launch = {} if cfg is None else dict(block_n=cfg[0], num_warps=cfg[1], num_stages=cfg[2])
+    fn = lambda: sparse_attention(q, swa, swa_slots, kv, topk_slots, layout, sink, out=out,  # noqa
+                                  **launch)
+    fn()
+    return bench(fn)
+
+
+def flashmla_prefill(T, ctx_tokens=16384):
+    import flash_mla
+
+    swa_slots, topk_slots, n_swa, n_kv = prefill_case(T, ctx_tokens)
+    kv = torch.randn(n_swa + n_kv, 1, D, device=DEV, dtype=torch.bfloat16)
+    idx = torch.cat((swa_slots, topk_slots + n_swa), dim=1).view(T, 1, W + TOPK).contiguous()
+    q = torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16)
+    sink = torch.randn(H, device=DEV)
+    fn = lambda: flash_mla.flash_mla_sparse_fwd(q, kv, idx, D ** -0.5, D, attn_sink=sink,  # noqa
+                                                use_legacy=True)
+    fn()
+    return bench(fn)
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:  # a peer that cannot run is reported, not fatal
+        print(f"  {fn.__name__}{args}: {type(exc).__name__}: {str(exc)[:200]}")
+        return float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true", help="time every launch config")
+    ap.add_argument("--prefill-tokens", type=int, default=4096)
+    args = ap.parse_args()
+    res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
+           "torch": torch.__version__}
+    res["ceilings"] = ceil = ceilings()
+    print(f"ceilings: copy {ceil['copy_TBps']:.2f} TB/s, bf16 mm {ceil['bf16_TFLOPs']:.0f} TFLOP/s")
+
+    batches = [1, 8, 32, 128]
+    if args.sweep:
+        res["sweep"] = {}
+        for cfg in CONFIGS:
+            row = [_try(ours_decode, B, Layout.V41_FP4, cfg) for B in batches]
+            row.append(_try(ours_prefill, args.prefill_tokens, Layout.V41_FP4, cfg))
+            res["sweep"][str(cfg)] = row
+            print("sweep", cfg, " ".join(f"{t:8.1f}" for t in row))
+
+    rows = []
+    for B in batches:
+        t_fp4 = _try(ours_decode, B, Layout.V41_FP4)
+        t_v41 = _try(ours_decode, B, Layout.V41)
+        t_fm = _try(flashmla_decode, B)
+        t_fm41 = _try(flashmla_decode_v41, B) if B == 1 else float("nan")
+        flop, by_fp4 = work(B, 288, 528)
+        _, by_v41 = work(B, 528, 528)
+        _, by_fm = work(B, 584, 584)
+        rows.append(dict(batch=B, ours_fp4_us=t_fp4, ours_v41_us=t_v41, flashmla_us=t_fm,
+                         ours_fp4_TBps=by_fp4 / t_fp4 / 1e6, ours_fp4_TFLOPs=flop / t_fp4 / 1e6,
+                         ours_v41_TBps=by_v41 / t_v41 / 1e6, flashmla_TBps=by_fm / t_fm / 1e6,
+                         flashmla_TFLOPs=flop / t_fm / 1e6, ratio_fp4=t_fp4 / t_fm,
+                         flashmla_v41_us=t_fm41,
+                         ratio_v41=t_v41 / t_fm))
+    res["decode"] = rows
+    T = args.prefill_tokens
+    t_p = _try(ours_prefill, T, Layout.V41_FP4)
+    t_p41 = _try(ours_prefill, T, Layout.V41)
+    t_pf = _try(flashmla_prefill, T)
+    flop, _ = work(T, 288, 528)
+    res["prefill"] = dict(tokens=T, ours_fp4_us=t_p, ours_v41_us=t_p41, flashmla_us=t_pf,
+                          ours_fp4_TFLOPs=flop / t_p / 1e6, ours_v41_TFLOPs=flop / t_p41 / 1e6,
+                          flashmla_TFLOPs=flop / t_pf / 1e6, ratio_fp4=t_p / t_pf)
+
+    print("\ndecode (us)  batch | ours fp4 | ours v41 | FlashMLA v4 | fp4/FM | TFLOP/s ours/FM | TB/s ours/FM")
+    for r in rows:
+        print(f"  {r['batch']:4d} | {r['ours_fp4_us']:8.1f} | {r['ours_v41_us']:8.1f} | "
+              f"{r['flashmla_us']:11.1f} | {r['ratio_fp4']:6.2f} | "
+              f"{r['ours_fp4_TFLOPs']:5.0f} / {r['flashmla_TFLOPs']:5.0f} | "
+              f"{r['ours_fp4_TBps']:4.2f} / {r['flashmla_TBps']:4.2f}")
+    p = res["prefill"]
+    print(f"prefill {T} x 640: ours fp4 {p['ours_fp4_us']:.0f} us ({p['ours_fp4_TFLOPs']:.0f} "
+          f"TFLOP/s), ours v41 {p['ours_v41_us']:.0f} us, FlashMLA bf16 {p['flashmla_us']:.0f} us "
+          f"({p['flashmla_TFLOPs']:.0f} TFLOP/s), ratio {p['ratio_fp4']:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Triton sparse attention on the GPU vs the fp32 torch reference over the same records.
+
+Bar (flash-attention's Hopper rule): error <= 2x the error of plain bf16 torch, both measured
+against the fp32 reference. Pools are poisoned with 0xFF (NaN in every record format) and only
+the referenced slots are written by the store kernel, so a read of an unwritten slot fails.
+"""
+import pytest
+import torch
+
+from sglang_dsv41.kernels.dispatch import device_capability
+from sglang_dsv41.kernels.kv_store import store_records
+from sglang_dsv41.kernels.sparse_attn import sparse_attention, sparse_attention_ref, swa_window_slots
+from sglang_dsv41.kv.records import Layout, record_bytes
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or device_capability(torch.device("cuda")) < (9, 0),
+    reason="needs an SM90+ GPU")
+
+DEV = torch.device("cuda")
+
+
+def _pool(layout, D, n, used):
+    """uint8 [n, B] full of NaN bytes, with fresh random records written at slots `used`."""
+    pool = torch.full((n, record_bytes(layout, D)), 0xFF, dtype=torch.uint8, device=DEV)
+    store_records(torch.randn(used.numel(), D, device=DEV) * 2, pool, used, layout)
+    return pool
+
+
+def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0):
+    """T query tokens of 2 requests with their own positions, windows and top-k lists."""
+    B = 2
+    req_index = torch.arange(T, device=DEV) % B
+    pos = torch.randint(0, ctx, (T,), device=DEV)
+    pos[0] = 3  # shorter than the window
+    floor = torch.zeros(T, dtype=torch.long, device=DEV)
+    if floor_every:
+        floor[::floor_every] = (pos[::floor_every] - W // 3).clamp(min=0)  # bounded replay tail
+    req_to_slot = torch.randperm(B * ctx, device=DEV).view(B, ctx).to(torch.int32)
+    sw = swa_window_slots(req_to_slot, req_index, pos, W, floor)
+    n_kv = B * ctx
+    tk = torch.randint(0, n_kv, (T, TOPK), device=DEV, dtype=torch.int32)
+    tk[1, TOPK // 3:] = -1  # top-k larger than the visible entries
+    if T > 2:
+        sw[2] = -1
+        tk[2] = -1  # sees nothing but the sink
+    used_sw = sw[sw >= 0].unique()
+    used_kv = tk[tk >= 0].unique()
+    swa = _pool(Layout.V41, D, B * ctx, used_sw)
+    kv = _pool(layout, D, n_kv, used_kv)
+    q = torch.randn(T, H, D, device=DEV).to(torch.bfloat16)
+    sink = torch.randn(H, device=DEV)
+    return q, swa, sw, kv, tk, sink
+
+
+def _check(q, swa, sw, kv, tk, layout, sink, **launch):
+    ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32)
+    bf = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32,
+                              compute_dtype=torch.bfloat16)
+    out = sparse_attention(q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, **launch)
+    assert torch.isfinite(out).all()
+    err = ((out - ref).norm() / ref.norm()).item()
+    err_bf = ((bf - ref).norm() / ref.norm()).item()
+    assert err <= 2 * err_bf + 1e-6, (err, err_bf)
+    return out, err, err_bf
+
+
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+@pytest.mark.parametrize("H", [8, 16, 64, 128])
+@pytest.mark.parametrize("T", [1, 5, 40])
+def test_decode_and_prefill_shapes(layout, H, T):
+    q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
+    out, err, err_bf = _check(q, swa, sw, kv, tk, layout, sink)
+    if T > 2:
+        assert (out[2] == 0).all()  # only the sink: zero value
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 7])
+def test_splits_agree(num_splits):
+    q, swa, sw, kv, tk, sink = make_case(4, 64, 512, 128, 512, Layout.V41_FP4)
+    _check(q, swa, sw, kv, tk, Layout.V41_FP4, sink, num_splits=num_splits)
+
+
+def test_small_head_dim_no_sink_bf16_out():
+    q, swa, sw, kv, tk, _ = make_case(9, 8, 64, 16, 32, Layout.V41_FP4)
+    ref = sparse_attention_ref(q, swa, sw, kv, tk, Layout.V41_FP4, None, None, torch.float32)
+    out = sparse_attention(q, swa, sw, kv, tk, Layout.V41_FP4, None)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_swa_only_layer():
+    q, swa, sw, kv, tk, sink = make_case(6, 64, 512, 128, 16, Layout.V41_FP4)
+    ref = sparse_attention_ref(q, swa, sw, None, None, Layout.V41_FP4, sink, None, torch.float32)
+    out = sparse_attention(q, swa, sw, None, None, attn_sink=sink, out_dtype=torch.float32)
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_decode_graph_capture():
+    q, swa, sw, kv, tk, sink = make_case(8, 64, 512, 128, 512, Layout.V41_FP4)
+    out = torch.empty(8, 64, 512, dtype=torch.bfloat16, device=DEV)
+    sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out)  # compile
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out)
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    want = sparse_attention(q, swa, sw, kv, tk, attn_sink=sink)
+    assert torch.equal(out, want)
