@@ -2,7 +2,8 @@
 
 Trained at checkpoint-creation time with the `tokenizers` library on the text shipped in
 `sglang_dsv41/data/*.txt`; vocab size exactly `cfg.vocab_size` (special tokens + 256 byte symbols
-+ merges). Special tokens come first so their ids match the config: 0 = bos, 1 = eos (also pad).
++ merges). Special tokens come first so their ids match the config: 0 = bos, 1 = eos (also pad);
+then the (non-special) added token `｜DSML｜` that tool calls need.
 
 Files written by `save_tokenizer(dir, ...)`: `tokenizer.json`, `tokenizer_config.json`,
 `special_tokens_map.json`; they load offline with `transformers.AutoTokenizer.from_pretrained`
@@ -40,6 +41,10 @@ SPECIAL_TOKENS = [
     "<｜action｜>", "<｜query｜>", "<｜authority｜>", "<｜domain｜>", "<｜title｜>", "<｜read_url｜>",
 ]
 """Special tokens in id order: SPECIAL_TOKENS[i] has id i."""
+DSML = "｜DSML｜"
+"""Tool-call markup token, id len(SPECIAL_TOKENS): deepseek-recipe refuses to encode a request
+with tools unless it is in the added vocabulary. Not special, so decoding with
+`skip_special_tokens=True` keeps it and tool-call parsers still see the markup."""
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
@@ -90,9 +95,10 @@ def train_tokenizer(vocab_size: int, texts: list = None):
     exactly vocab_size entries. Raises ValueError if vocab_size cannot be reached exactly."""
     # Single-threaded training: set before `tokenizers` builds its thread pool.
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors,
+                            trainers)
 
-    floor = len(SPECIAL_TOKENS) + 256
+    floor = len(SPECIAL_TOKENS) + 1 + 256
     if vocab_size < floor:
         raise ValueError(f"vocab_size {vocab_size} < {floor} (special tokens + 256 bytes)")
     tok = Tokenizer(models.BPE())
@@ -103,15 +109,21 @@ def train_tokenizer(vocab_size: int, texts: list = None):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, min_frequency=2, show_progress=False,
-        special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        special_tokens=SPECIAL_TOKENS + [AddedToken(DSML, normalized=False)],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts if texts is not None else corpus_texts(), trainer=trainer)
+    # The trainer marks every added token special; DSML must not be (see DSML).
+    spec = json.loads(tok.to_str())
+    for entry in spec["added_tokens"]:
+        entry["special"] = entry["content"] != DSML
+    tok = Tokenizer.from_str(json.dumps(spec))
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, 0)])
     got = tok.get_vocab_size(with_added_tokens=True)
     if got != vocab_size:
         raise ValueError(f"tokenizer has {got} entries, wanted vocab_size {vocab_size} "
                          "(the corpus is too small for that many merges)")
-    for i, s in enumerate(SPECIAL_TOKENS):
+    for i, s in enumerate(SPECIAL_TOKENS + [DSML]):
         if tok.token_to_id(s) != i:
             raise ValueError(f"special token {s!r} got id {tok.token_to_id(s)}, expected {i}")
     return tok
@@ -126,8 +138,8 @@ def tokenizer_config(model_max_length: int) -> dict:
         "additional_special_tokens": SPECIAL_TOKENS[2:],
         "added_tokens_decoder": {
             str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
-                     "single_word": False, "special": True}
-            for i, s in enumerate(SPECIAL_TOKENS)},
+                     "single_word": False, "special": s != DSML}
+            for i, s in enumerate(SPECIAL_TOKENS + [DSML])},
         "clean_up_tokenization_spaces": False,
         "model_max_length": model_max_length,
         "chat_template": CHAT_TEMPLATE,

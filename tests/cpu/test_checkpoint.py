@@ -10,7 +10,7 @@ import torch
 from sglang_dsv41.config import DeepseekV41Config, preset
 from sglang_dsv41.manifest import tensor_manifest
 from sglang_dsv41.tools.make_checkpoint import checkpoint_config, main, write_checkpoint
-from sglang_dsv41.tools.tokenizer import BOS, EOS, SPECIAL_TOKENS, train_tokenizer
+from sglang_dsv41.tools.tokenizer import BOS, DSML, EOS, SPECIAL_TOKENS, train_tokenizer
 
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
          "special_tokens_map.json")
@@ -124,6 +124,8 @@ def test_tokenizer_loads_offline(hf_tok):
     assert (hf_tok.bos_token_id, hf_tok.eos_token_id, hf_tok.pad_token_id) == (0, 1, 1)
     assert hf_tok.convert_tokens_to_ids("<｜Assistant｜>") == 4
     assert hf_tok.convert_tokens_to_ids("<｜read_url｜>") == 23
+    assert hf_tok.convert_tokens_to_ids(DSML) == 24 and 24 not in hf_tok.all_special_ids
+    assert hf_tok.decode([24, 3, 4], skip_special_tokens=True) == DSML  # tool markup survives
     for text in TEXTS:
         ids = hf_tok.encode(text, add_special_tokens=False)
         assert all(0 <= i < 512 for i in ids)
@@ -180,6 +182,20 @@ def test_chat_template_matches_deepseek_recipe(hf_tok, thinking, effort):
         ids = hf_tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True,
                                          return_dict=False, **kw)
         assert ids == with_tok.encode(conversation), conv
+
+
+def test_deepseek_recipe_encodes_tool_requests(hf_tok):
+    """Tools render with ｜DSML｜ markup, which recipe encodes only from the added vocabulary."""
+    recipe = pytest.importorskip("deepseek_recipe")
+    request = recipe.ChatCompletionRequest({
+        "model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [{"type": "function", "function": {
+            "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]})
+    converted = request.convert(recipe.ConversionOptions())
+    ids = recipe.DeepseekV41Encoding().with_tokenizer(
+        recipe.Tokenizer.from_str(hf_tok.backend_tokenizer.to_str())).encode(
+            converted.conversation)
+    assert ids[0] == 0 and 24 in ids
 
 
 def test_greedy_decoding_does_not_collapse(ckpt):
