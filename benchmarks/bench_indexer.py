@@ -1,0 +1,188 @@
+"""Paged lightning indexer on the GPU: Reindex N-independence and the Full-layer scan vs its floor.
+
+    python benchmarks/bench_indexer.py [--quick] [--out DIR]
+
+1. Ceiling: device-to-device copy (bytes read + written per second).
+2. Scan launch-shape sweep at N = 1M (batch 1 and 32), keeping the fastest for what follows.
+3. Full layer at N = 1M, batch 1 and 32: the scan alone (block maxima) against the floor
+   T * N * 68 B / copy rate, then full_topk and candidate_source end to end.
+4. Reindex per decode step at N = 16K, 64K, 256K, 1M, batch 1 and 32: the pooled path
+   (2048-block pool, 512 out) next to the torch mask-and-topk path (ref.reindex_ref: score every
+   visible entry, mask outside the pool, top-k), and t(1M) / t(64K).
+Each decode query has its own request of N entries (pages shuffled through one pool). Times are
+medians of triton.testing.do_bench (L2 flushed before each call, eager launches); the torch
+path uses fewer repetitions. Prints a markdown table; writes JSON to --out.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+import triton
+import triton.testing
+
+from sglang_dsv41.kernels.indexer import ops, ref
+from sglang_dsv41.kernels.indexer import testing as tt
+
+P = 64
+REC = 68
+
+
+def pool_case(T, n, seed=0):
+    """T decode queries, each over its own request of n visible entries."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    pages = n // P
+    perm = torch.randperm(T * pages, generator=g, device="cpu").int().view(T, pages)
+    gd = torch.Generator(device="cuda").manual_seed(seed)
+    index_k = torch.randint(0, 256, (T * pages * P, REC), dtype=torch.uint8, device="cuda",
+                            generator=gd)
+    index_k[:, 64:] = torch.randint(122, 132, (T * pages * P, 4), dtype=torch.uint8,
+                                    device="cuda", generator=gd)
+    base = tt.random_case(T, 1, 8, 8, seed=seed)
+    return dict(qI=base["qI"].cuda(), w=base["w"].cuda(), index_k=index_k,
+                page_table=perm.cuda(), req_ids=torch.arange(T, dtype=torch.int32, device="cuda"),
+                n_visible=torch.full((T,), n, dtype=torch.int32, device="cuda"), P=P)
+
+
+def random_pool(T, n, nb=2048, seed=0):
+    """nb distinct blocks per query (the newest included), int32 [T, nb]."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    nblk = n // 8
+    if nblk <= nb:
+        pool = torch.full((T, nb), -1, dtype=torch.int32, device="cuda")
+        pool[:, :nblk] = torch.arange(nblk, dtype=torch.int32, device="cuda")
+        return pool
+    keys = torch.rand(T, nblk, device="cuda", generator=g)
+    keys[:, -1] = 2.0
+    return keys.topk(nb, dim=1).indices.int()
+
+
+def bench(fn, rep=200):
+    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3  # us
+
+
+def bench_slow(fn, n=3):
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(ts)
+
+
+def copy_rate():
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    t = bench(lambda: y.copy_(x), rep=100)
+    return 2 * (2 << 30) / (t * 1e-6)  # B/s
+
+
+def commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": triton.__version__, "commit": commit(), "time": time.ctime()}
+    bw = copy_rate()
+    res["copy_TBps"] = bw / 1e12
+    print(f"device {res['device']}  copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
+
+    # 2. scan launch shapes at N = 1M
+    n_big = 1 << 20
+    cases = {T: pool_case(T, n_big, seed=T) for T in (1, 32)}
+    sweep = [(128, 8, 8), (128, 8, 4), (256, 4, 8), (64, 16, 4), (128, 16, 8)]
+    if args.quick:
+        sweep = sweep[:2]
+    res["sweep"] = []
+    best, best_t = None, float("inf")
+    for bn, tiles, nw in sweep:
+        ops.TUNING["scan"].update(bn=bn, tiles=tiles, num_warps=nw)
+        row = {"bn": bn, "tiles": tiles, "num_warps": nw}
+        for T, c in cases.items():
+            a = tt.case_args(c)
+            row[f"us_T{T}"] = bench(lambda: ops.block_scores(*a, force_newest=True))
+        res["sweep"].append(row)
+        print("scan sweep", row, flush=True)
+        if row["us_T32"] + 8 * row["us_T1"] < best_t:
+            best, best_t = (bn, tiles, nw), row["us_T32"] + 8 * row["us_T1"]
+    ops.TUNING["scan"].update(bn=best[0], tiles=best[1], num_warps=best[2])
+    res["scan_tuning"] = dict(ops.TUNING["scan"])
+
+    # 3. Full layer at N = 1M
+    res["full"] = []
+    for T, c in cases.items():
+        a = tt.case_args(c)
+        floor_us = T * n_big * REC / bw * 1e6  # bytes read once, at the copy byte rate
+        row = {"T": T, "N": n_big, "floor_us": floor_us,
+               "scan_us": bench(lambda: ops.block_scores(*a, force_newest=True)),
+               "full_topk_us": bench(lambda: ops.full_topk(*a, topk=512)),
+               "candidate_source_us": bench(lambda: ops.candidate_source(*a, topk=512,
+                                                                        pool_blocks=2048))}
+        bscores = ops.block_scores(*a, force_newest=True)
+        row["select_2048_blocks_us"] = bench(lambda: ops.select_blocks(bscores, 2048))
+        row["scan_TBps"] = T * n_big * REC / (row["scan_us"] * 1e-6) / 1e12
+        res["full"].append(row)
+        print("full", row, flush=True)
+    del cases
+    torch.cuda.empty_cache()
+
+    # 4. Reindex per decode step
+    res["reindex"] = []
+    ns = [1 << 14, 1 << 16, 1 << 18, 1 << 20]
+    for T in (1, 32):
+        for n in ns:
+            c = pool_case(T, n, seed=n + T)
+            a = tt.case_args(c)
+            pool = random_pool(T, n)
+            row = {"T": T, "N": n,
+                   "pooled_us": bench(lambda: ops.reindex(*a, pool, topk=512)),
+                   "pool_scores_us": bench(lambda: ops.pool_scores(*a, pool))}
+            if not (args.quick and n > (1 << 16)):
+                row["torch_mask_topk_us"] = bench_slow(lambda: ref.reindex_ref(*a, pool, 512))
+            res["reindex"].append(row)
+            print("reindex", row, flush=True)
+            c = a = pool = None
+            torch.cuda.empty_cache()
+    for T in (1, 32):
+        t = {r["N"]: r for r in res["reindex"] if r["T"] == T}
+        res[f"reindex_ratio_1M_64K_T{T}"] = t[1 << 20]["pooled_us"] / t[1 << 16]["pooled_us"]
+
+    with open(os.path.join(args.out, "bench_indexer.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, commit {res['commit']}")
+    print(f"scan launch shape {res['scan_tuning']}")
+    print("| T | N | scan us | floor us | scan TB/s | select 2048 us | full_topk us | cand_src us |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in res["full"]:
+        print(f"| {r['T']} | {r['N']} | {r['scan_us']:.1f} | {r['floor_us']:.1f} | "
+              f"{r['scan_TBps']:.2f} | {r['select_2048_blocks_us']:.1f} | "
+              f"{r['full_topk_us']:.1f} | {r['candidate_source_us']:.1f} |")
+    print("| T | N | pooled reindex us | pool_scores us | torch mask-and-topk us |")
+    print("|---|---|---|---|---|")
+    for r in res["reindex"]:
+        tm = r.get("torch_mask_topk_us")
+        print(f"| {r['T']} | {r['N']} | {r['pooled_us']:.1f} | {r['pool_scores_us']:.1f} | "
+              f"{'%.0f' % tm if tm else '-'} |")
+    for T in (1, 32):
+        print(f"t(1M)/t(64K) batch {T}: {res[f'reindex_ratio_1M_64K_T{T}']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Launchers and selection for the Triton indexer (interface in kernels/indexer/ref.py).
+
+Full layer, without a [T, N] logits tensor: the scan writes block maxima (blocks of 8), the
+top-TOPK blocks are chosen, and only their 8 * TOPK entries are rescored (an O(1) pass) for the
+final top-TOPK. Exact up to ties: let v be the TOPK-th score. Every entry above v lies in a block
+whose max is above v, and fewer than TOPK blocks have that; so the top-TOPK blocks hold every
+entry above v plus, from blocks whose max equals v, enough entries equal to v (or all of them).
+The same argument with the forced newest block taking one place shows that a pool of
+`pool_blocks > topk` blocks holds the Full layer's own top-k, so the candidate source reads its
+top-k off the pool it builds. Output order along the TOPK axis is unspecified.
+"""
+import os
+
+import torch
+import triton
+
+from sglang_dsv41.kernels.indexer.triton import _pool_kernel, _scan_kernel
+
+NEG_INF = float("-inf")
+BLOCK = 8
+# Launch shapes (entries per tile, tiles per program, warps); benchmarks/bench_indexer.py sweeps.
+TUNING = {"scan": {"bn": 128, "tiles": 8, "num_warps": 8},
+          "pool": {"bn": 128, "tiles": 4, "num_warps": 8}}
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def nibble_major(qI: torch.Tensor) -> torch.Tensor:
+    """bf16 [T, HI, DI] -> bf16 [T, 8, DI/8, HI] with out[t, j, i, h] = qI[t, h, 8 i + j]."""
+    T, HI, DI = qI.shape
+    return qI.to(torch.bfloat16).view(T, HI, DI // 8, 8).permute(0, 3, 2, 1).contiguous()
+
+
+def _prep(qI, w, index_k, page_table, req_ids, n_visible):
+    T, HI, DI = qI.shape
+    assert DI % 128 == 0 and HI >= 16 and (HI & (HI - 1)) == 0, (HI, DI)
+    assert index_k.dtype == torch.uint8 and index_k.shape[1] == DI // 2 + DI // 32
+    assert index_k.is_contiguous() and index_k.storage_offset() % 4 == 0
+    assert w.shape == (T, HI) and req_ids.shape == (T,) and n_visible.shape == (T,)
+    q = nibble_major(qI)  # FP4 fake-quant values are exact in bf16
+    w = w.to(torch.float32).contiguous()
+    pt = page_table.to(torch.int32).contiguous()
+    return (q, w, index_k.view(torch.int32), pt, req_ids.to(torch.int32).contiguous(),
+            n_visible.to(torch.int32).contiguous())
+
+
+def block_scores(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest=False):
+    """Block max of each query's score row: fp32 [T, ceil(max_pages * P / 8)].
+
+    -inf for blocks past the visible ones; +inf for the newest visible block if force_newest.
+    """
+    q, w, rec, pt, req, nvis = _prep(qI, w, index_k, page_table, req_ids, n_visible)
+    T, HI, DI = qI.shape
+    bn, tiles, num_warps = (TUNING["scan"][k] for k in ("bn", "tiles", "num_warps"))
+    n_max = pt.shape[1] * P
+    nblk = triton.cdiv(n_max, BLOCK)
+    out = torch.empty(T, nblk, dtype=torch.float32, device=q.device)
+    if T == 0 or nblk == 0:
+        return out
+    grid = (T, triton.cdiv(nblk * BLOCK, bn * tiles))
+    _scan_kernel[grid](q, w, rec, pt, req, nvis, out, pt.stride(0), nblk, P,
+                       FORCE_NEWEST=force_newest, HI=HI, DI=DI, BN=bn, TILES=tiles,
+                       BLOCK=BLOCK, DOT_F32=_INTERPRET, num_warps=num_warps)
+    return out
+
+
+def pool_scores(qI, w, index_k, page_table, req_ids, n_visible, P, blocks):
+    """Scores of the entries of blocks int32 [T, NB] (-1 = none): fp32 [T, NB * 8].
+
+    Column 8 j + i is entry 8 * blocks[t, j] + i; -inf where the block is -1 or the entry is
+    not visible. Work is proportional to NB, independent of N.
+    """
+    q, w, rec, pt, req, nvis = _prep(qI, w, index_k, page_table, req_ids, n_visible)
+    T, HI, DI = qI.shape
+    bn, tiles, num_warps = (TUNING["pool"][k] for k in ("bn", "tiles", "num_warps"))
+    blocks = blocks.to(torch.int32).contiguous()
+    NB = blocks.shape[1]
+    out = torch.empty(T, NB * BLOCK, dtype=torch.float32, device=q.device)
+    if T == 0 or NB == 0:
+        return out
+    grid = (T, triton.cdiv(NB * BLOCK, bn * tiles))
+    _pool_kernel[grid](q, w, rec, pt, req, nvis, blocks, out, pt.stride(0), NB, P,
+                       HI=HI, DI=DI, BN=bn, TILES=tiles, BLOCK=BLOCK, DOT_F32=_INTERPRET, num_warps=num_warps)
+    return out
+
+
+def _pad(ids: torch.Tensor, width: int) -> torch.Tensor:
+    if ids.shape[1] == width:
+        return ids
+    out = torch.full((ids.shape[0], width), -1, dtype=ids.dtype, device=ids.device)
+    out[:, : ids.shape[1]] = ids
+    return out
+
+
+def select_blocks(bscores: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """Top blocks of bscores fp32 [T, NBLK]: int32 [T, n_blocks], -1 for -inf / padding."""
+    k = min(n_blocks, bscores.shape[1])
+    vals, idx = torch.topk(bscores, k, dim=1, sorted=False)
+    ids = torch.where(vals > NEG_INF, idx, torch.full_like(idx, -1)).to(torch.int32)
+    return _pad(ids, n_blocks)
+
+
+def select_in_blocks(scores: torch.Tensor, blocks: torch.Tensor, topk: int) -> torch.Tensor:
+    """Top entries of pool scores fp32 [T, NB * 8] over blocks [T, NB]: int32 [T, topk], -1 pad."""
+    k = min(topk, scores.shape[1])
+    vals, idx = torch.topk(scores, k, dim=1, sorted=False)  # [T, k]
+    ids = blocks.to(torch.int64).gather(1, idx // BLOCK) * BLOCK + idx % BLOCK
+    ids = torch.where(vals > NEG_INF, ids, torch.full_like(ids, -1)).to(torch.int32)
+    return _pad(ids, topk)
+
+
+def full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512):
+    """Full layer: int32 [T, topk] entry ids, -1 padded (see module docstring)."""
+    args = (qI, w, index_k, page_table, req_ids, n_visible, P)
+    blocks = select_blocks(block_scores(*args), topk)
+    return select_in_blocks(pool_scores(*args, blocks), blocks, topk)
+
+
+def candidate_source(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512,
+                     pool_blocks=2048):
+    """Candidate source: (own top-k int32 [T, topk], pool int32 [T, pool_blocks]), one scan."""
+    args = (qI, w, index_k, page_table, req_ids, n_visible, P)
+    if pool_blocks > topk:
+        pool = select_blocks(block_scores(*args, force_newest=True), pool_blocks)
+        return select_in_blocks(pool_scores(*args, pool), pool, topk), pool
+    bscores = block_scores(*args)
+    own = select_blocks(bscores, topk)
+    nv = n_visible.to(torch.int64)
+    newest = ((nv - 1).clamp_min(0) // BLOCK)[:, None]
+    forced = torch.where(nv[:, None] > 0, torch.full_like(newest, 1), torch.zeros_like(newest))
+    bscores.scatter_(1, newest, torch.where(forced > 0, float("inf"),
+                                            bscores.gather(1, newest)))
+    pool = select_blocks(bscores, pool_blocks)
+    return select_in_blocks(pool_scores(*args, own), own, topk), pool
+
+
+def reindex(qI, w, index_k, page_table, req_ids, n_visible, P, pool, topk=512):
+    """Reindex: top-k int32 [T, topk] inside pool [T, NB] block ids; O(NB) per query."""
+    args = (qI, w, index_k, page_table, req_ids, n_visible, P)
+    return select_in_blocks(pool_scores(*args, pool), pool, topk)

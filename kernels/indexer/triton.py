@@ -1,0 +1,122 @@
+"""Triton (SM90) kernels of the paged lightning indexer; interface in kernels/indexer/ref.py.
+
+Two kernels share one tile routine (gather 68 B records, dequantize to bf16, one tensor-core dot
+against the query's HI heads, ReLU, weighted head sum):
+  * `_scan_kernel`  (Full layers) scores every visible entry once and writes only the block max
+    over blocks of 8: fp32 [T, ceil(N/8)], 1/8 of a logits row (0.5 B per entry next to the
+    68 B read). The newest block can be forced to +inf in the same pass.
+  * `_pool_kernel`  (Reindex, and the last stage of Full) scores the 8 entries of each listed
+    block: fp32 [T, NB * 8]. Its work depends on NB, never on N.
+Selection (torch.topk) runs on those small tensors; see selection.py for why the Full layer's
+top-k is exact up to ties when taken from its top-k blocks.
+
+Dequantization: a code c (bit 3 sign, bits 0-2 = e1 e0 m) placed at fp16 bits 9..11 with the
+sign at bit 15 is the e2m1 value times 2^-14 (the code for 0.5 lands on an fp16 subnormal, which
+the fp16 -> fp32 conversion keeps exactly); multiplying by 2^(scale_byte - 113) gives
+value * 2^(scale_byte - 127), exact, and the bf16 convert is exact too (2 significant bits). Per
+value: a shift pair and a mask-or (integer), two converts and one multiply. Scale bytes must be
+in [1, 240] (scales up to 2^113); K built by pack_index_k from finite data stays far inside.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dot_slice(b_v, p_q, b_acc, HI: tl.constexpr, W: tl.constexpr, DOT_F32: tl.constexpr):
+    """b_acc [BN, HI] += b_v fp32 [BN, W] @ q slice bf16 [W, HI] at p_q (row-major)."""
+    b_q = tl.load(p_q + tl.arange(0, W)[:, None] * HI + tl.arange(0, HI)[None, :])  # [W, HI]
+    if DOT_F32:
+        return tl.dot(b_v, b_q.to(tl.float32), b_acc, input_precision="ieee")
+    return tl.dot(b_v.to(tl.bfloat16), b_q, b_acc)
+
+
+@triton.jit
+def _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI: tl.constexpr, BN: tl.constexpr,
+                DI: tl.constexpr, DOT_F32: tl.constexpr):
+    """Scores of BN entries: fp32 [BN] (garbage where ~m_n; callers mask).
+
+    rec_ptr: int32 view of the pool, DI/8 code words + DI/128 scale words per record; o_slot
+    int64 [BN]; qp_ptr: this query's bf16 [8, DI/8, HI] nibble-major queries (qp[j, i, h] =
+    q[h, 8 i + j], see ops.nibble_major); b_w fp32 [HI]. Word i of a record holds values
+    8 i .. 8 i + 7 (nibble j = value 8 i + j), so nibble position j of all DI/8 words is one
+    K = DI/8 slice of the dot: no reshapes. DOT_F32: fp32 dot, only for TRITON_INTERPRET
+    (whose bf16 dot is wrong); on the GPU each bf16 product is exact, fp32 accumulated.
+    """
+    WPR: tl.constexpr = DI // 8 + DI // 128  # int32 words per record (17 at DI=128)
+    W: tl.constexpr = DI // 8
+    o_w = tl.arange(0, W)
+    p_rec = rec_ptr + o_slot[:, None] * WPR  # [BN, 1]
+    b_words = tl.load(p_rec + o_w[None, :], mask=m_n[:, None], other=0)  # [BN, W] int32
+    # scale byte of word i: byte i // 4 of the scale word (one scale per 32 values = 4 words)
+    b_sw = tl.load(p_rec + W, mask=m_n[:, None], other=0x7F7F7F7F)  # [BN, 1]
+    b_sb = (b_sw >> ((o_w // 4) * 8)[None, :]) & 0xFF  # [BN, W]
+    b_scale = ((b_sb + 14) << 23).to(tl.float32, bitcast=True)  # 2^(byte - 113)
+    b_acc = tl.zeros((BN, HI), dtype=tl.float32)
+    for j in tl.static_range(4):
+        # nibbles j and j + 4 of each word at once, as the two fp16 halves of one int32
+        b_c = b_words >> (4 * j)
+        b_bits = ((b_c << 9) & 0x0E000E00) | ((b_c << 12) & -2147450880)  # 0x80008000
+        b_lo = b_bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * b_scale
+        b_hi = (b_bits >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * b_scale
+        b_acc = _dot_slice(b_lo, qp_ptr + j * W * HI, b_acc, HI, W, DOT_F32)
+        b_acc = _dot_slice(b_hi, qp_ptr + (j + 4) * W * HI, b_acc, HI, W, DOT_F32)
+    return tl.sum(tl.maximum(b_acc, 0.0) * b_w[None, :], axis=1)  # [BN]
+
+@triton.jit
+def _scan_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, out_ptr,
+                 stride_pt, NBLK, P,
+                 FORCE_NEWEST: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
+                 BN: tl.constexpr, TILES: tl.constexpr, BLOCK: tl.constexpr,
+                 DOT_F32: tl.constexpr):
+    """Block max of the score row: out fp32 [T, NBLK], -inf past the visible blocks."""
+    i_t = tl.program_id(0)
+    i_c = tl.program_id(1)
+    n_vis = tl.load(nvis_ptr + i_t)
+    i_b = tl.load(req_ptr + i_t).to(tl.int64)
+    qp_ptr = q_ptr + i_t.to(tl.int64) * HI * DI
+    b_w = tl.load(w_ptr + i_t * HI + tl.arange(0, HI))  # [HI] fp32
+    newest = tl.where(n_vis > 0, (n_vis - 1) // BLOCK, -1)
+    NB_T: tl.constexpr = BN // BLOCK
+    for i in range(TILES):
+        s0 = (i_c * TILES + i) * BN
+        o_blk = s0 // BLOCK + tl.arange(0, NB_T)  # [BN/BLOCK]
+        if s0 < n_vis:
+            o_s = s0 + tl.arange(0, BN)
+            m_n = o_s < n_vis
+            b_page = tl.load(pt_ptr + i_b * stride_pt + o_s // P, mask=m_n, other=0)
+            o_slot = b_page.to(tl.int64) * P + o_s % P
+            b_s = _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI, BN, DI, DOT_F32)
+            b_s = tl.where(m_n, b_s, float("-inf"))
+            b_max = tl.max(tl.reshape(b_s, (NB_T, BLOCK)), axis=1)  # [BN/BLOCK]
+        else:
+            b_max = tl.full((NB_T,), float("-inf"), tl.float32)
+        if FORCE_NEWEST:
+            b_max = tl.where(o_blk == newest, float("inf"), b_max)
+        tl.store(out_ptr + i_t.to(tl.int64) * NBLK + o_blk, b_max, mask=o_blk < NBLK)
+
+
+@triton.jit
+def _pool_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, blocks_ptr, out_ptr,
+                 stride_pt, NB, P,
+                 HI: tl.constexpr, DI: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr,
+                 BLOCK: tl.constexpr, DOT_F32: tl.constexpr):
+    """Scores of the entries of listed blocks: out fp32 [T, NB * BLOCK], -inf where the block
+    id is -1 or the entry is not visible. blocks int32 [T, NB]."""
+    i_t = tl.program_id(0)
+    i_c = tl.program_id(1)
+    n_vis = tl.load(nvis_ptr + i_t)
+    i_b = tl.load(req_ptr + i_t).to(tl.int64)
+    qp_ptr = q_ptr + i_t.to(tl.int64) * HI * DI
+    b_w = tl.load(w_ptr + i_t * HI + tl.arange(0, HI))  # [HI] fp32
+    for i in range(TILES):
+        j0 = (i_c * TILES + i) * BN
+        o_j = j0 + tl.arange(0, BN)  # [BN] position in the pool row
+        m_j = o_j < NB * BLOCK
+        b_blk = tl.load(blocks_ptr + i_t.to(tl.int64) * NB + o_j // BLOCK, mask=m_j, other=-1)
+        o_s = b_blk * BLOCK + o_j % BLOCK  # [BN] entry ids
+        m_n = m_j & (b_blk >= 0) & (o_s < n_vis)
+        b_page = tl.load(pt_ptr + i_b * stride_pt + o_s // P, mask=m_n, other=0)
+        o_slot = b_page.to(tl.int64) * P + o_s % P
+        b_s = _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI, BN, DI, DOT_F32)
+        b_s = tl.where(m_n, b_s, float("-inf"))
+        tl.store(out_ptr + i_t.to(tl.int64) * NB * BLOCK + o_j, b_s, mask=m_j)

@@ -1,0 +1,102 @@
+"""Triton paged indexer (kernels/indexer) against the torch reference, on the GPU.
+
+Fresh random pools (shuffled pages, random e2m1 codes and UE8M0 scales, FP4 queries) per case;
+index sets must equal the reference's up to ties within the computed rounding bound, with -1
+padding and visibility exact (kernels/indexer/testing.py).
+"""
+import pytest
+import torch
+
+from sglang_dsv41.kernels.indexer import ref
+from sglang_dsv41.kernels.indexer import testing as tt
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+# (T, B, n_max, P, seed): decode batches, a partial last page, tiny and empty rows.
+CASES = [(1, 1, 20000, 64, 1), (8, 8, 4096, 64, 2), (6, 3, 3000, 16, 3), (5, 2, 700, 32, 4),
+         (4, 4, 37, 8, 5)]
+
+
+def _ops():
+    from sglang_dsv41.kernels.indexer import ops
+
+    return ops
+
+
+def _case(T, B, n_max, P, seed, **kw):
+    return tt.random_case(T, B, n_max, P, device="cuda", seed=seed, **kw)
+
+
+@pytest.mark.parametrize("T,B,n_max,P,seed", CASES)
+@pytest.mark.parametrize("force", [False, True])
+def test_block_scores(T, B, n_max, P, seed, force):
+    c = _case(T, B, n_max, P, seed)
+    a = tt.case_args(c)
+    out = _ops().block_scores(*a, force_newest=force)
+    key = tt.block_key(ref.paged_scores(*a), c["n_visible"], force=force)
+    assert torch.equal(torch.isinf(out), torch.isinf(key)), "-inf/+inf pattern differs"
+    assert torch.equal(out == float("inf"), key == float("inf"))
+    fin = torch.isfinite(key)
+    tol = tt.rounding_bound(c)[:, None].expand_as(key)
+    assert ((out[fin] - key[fin]).abs() <= tol[fin]).all()
+
+
+@pytest.mark.parametrize("T,B,n_max,P,seed", CASES)
+def test_full_topk(T, B, n_max, P, seed):
+    c = _case(T, B, n_max, P, seed)
+    a = tt.case_args(c)
+    scores = ref.paged_scores(*a)
+    ids = _ops().full_topk(*a, topk=512)
+    assert ids.shape == (T, 512) and ids.dtype == torch.int32
+    tt.check_selection(ids, ref.full_topk_ref(*a, topk=512), scores, tt.rounding_bound(c))
+
+
+def test_full_topk_prefill_ratio2():
+    """Prefill: 64 consecutive tokens of one request, n_visible = (pos + 1) // 2."""
+    pos = torch.arange(3000, 3064)
+    c = _case(64, 1, 1532, 64, 7, lengths=[1532], n_visible=(pos + 1) // 2)
+    c["req_ids"].zero_()
+    a = tt.case_args(c)
+    ids = _ops().full_topk(*a, topk=512)
+    tt.check_selection(ids, ref.full_topk_ref(*a, topk=512), ref.paged_scores(*a),
+                       tt.rounding_bound(c))
+
+
+@pytest.mark.parametrize("T,B,n_max,P,seed", CASES)
+@pytest.mark.parametrize("topk,pool_blocks", [(512, 2048), (64, 256), (256, 16)])
+def test_candidate_source(T, B, n_max, P, seed, topk, pool_blocks):
+    c = _case(T, B, n_max, P, seed)
+    a = tt.case_args(c)
+    scores = ref.paged_scores(*a)
+    tol = tt.rounding_bound(c)
+    ids, pool = _ops().candidate_source(*a, topk=topk, pool_blocks=pool_blocks)
+    rids, rpool = ref.candidate_source_ref(*a, topk=topk, pool_blocks=pool_blocks)
+    assert pool.shape == (T, pool_blocks) and pool.dtype == torch.int32
+    tt.check_selection(ids, rids, scores, tol)
+    tt.check_selection(pool, rpool, tt.block_key(scores, c["n_visible"]), tol, "pool")
+    nv = c["n_visible"].long()
+    for t in torch.nonzero(nv > 0).flatten().tolist():
+        assert ((nv[t] - 1) // 8) in pool[t].tolist(), "newest block not forced"
+
+
+@pytest.mark.parametrize("T,B,n_max,P,seed", CASES)
+def test_reindex(T, B, n_max, P, seed):
+    c = _case(T, B, n_max, P, seed)
+    a = tt.case_args(c)
+    src = tt.random_case(T, B, n_max, P, device="cuda", seed=seed + 100)  # another layer's queries
+    pool = ref.candidate_source_ref(src["qI"], src["w"], *a[2:], topk=512, pool_blocks=256)[1]
+    ids = _ops().reindex(*a, pool, topk=512)
+    rids = ref.reindex_ref(*a, pool, topk=512)
+    key = tt.pool_key(ref.paged_scores(*a), pool)
+    tt.check_selection(ids, rids, key, tt.rounding_bound(c), "reindex")
+
+
+def test_dispatch_uses_triton():
+    from sglang_dsv41.kernels import indexer
+    from sglang_dsv41.kernels.dispatch import use_triton
+
+    c = _case(2, 2, 5000, 64, 9)
+    a = tt.case_args(c)
+    assert use_triton(c["qI"].device) == (torch.cuda.get_device_capability() >= (9, 0))
+    tt.check_selection(indexer.full_topk(*a), ref.full_topk_ref(*a), ref.paged_scores(*a),
+                       tt.rounding_bound(c))
