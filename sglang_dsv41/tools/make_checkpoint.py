@@ -7,9 +7,11 @@ and what SGLang reads (`vision_n_layers: 0`, `tie_word_embeddings: false`) at th
 other text fields of the preset under `text_config` (`--flat` puts them all at the top level;
 `DeepseekV41Config.from_dict` reads both). The nested layout is the default because a flat yarn
 `rope_scaling` makes `AutoTokenizer.from_pretrained(DIR)` crash in transformers 5.x while it
-builds a generic config for the unregistered `deepseek_v41` model type. model.safetensors holds every tensor of
-`manifest.tensor_manifest(cfg)` in the preset's `torch_dtype` (fp32 for attn_sink / router bias).
-The tokenizer is a byte-level BPE trained on the shipped corpus (`tools.tokenizer`).
+builds a generic config for the unregistered `deepseek_v41` model type.
+
+model.safetensors holds every tensor of `manifest.tensor_manifest(cfg)` in the preset's
+`torch_dtype` (fp32 where the manifest says so). The tokenizer is a byte-level BPE trained on the
+shipped corpus (`tools.tokenizer`).
 
 Same preset and seed -> identical bytes in every file: each tensor draws from its own generator,
 seeded by sha256(seed, name), so tensors do not depend on the order they are made in.
@@ -19,7 +21,10 @@ Initialisation:
     *norm.weight               1 + N(0, 0.05^2)          (RMSNorm gains near 1)
     attn_sink                  N(0, 0.1^2)               (small sink logits)
     ffn.gate.bias              N(0, 0.01^2)              (small router bias)
+    hc_*_base / hc_*_scale     N(0, 0.5^2) / 1 + N(0, 0.1^2)   (mHC, hc_mult > 1 only)
+    engram.{q,k}_weight        1 + N(0, 0.05^2);  engram.embed.weight N(0, 1)
     matrices [out, in]         N(0, 1 / in)              (head: std 1 / sqrt(hidden))
+(the same values as `tools.release_checkpoint.dense_init`).
 Measured with the reference on `tiny` (fp32, 256 random tokens): the residual RMS grows from 1.0
 (embedding) to 3.4 after layer 11 (3.8 after layer 15 on `small`), logits have std 1.0, 182 of
 256 positions have distinct argmaxes, and the next token after a fixed last token depends on the
@@ -63,10 +68,14 @@ def init_tensor(name: str, shape: tuple, dtype: torch.dtype, seed: int) -> torch
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
     x = torch.randn(shape, generator=gen, dtype=torch.float32)
-    if name == "embed.weight":
+    if name.endswith("embed.weight"):
         pass
-    elif name.endswith("norm.weight"):
+    elif name.endswith(("norm.weight", "engram.q_weight", "engram.k_weight")):
         x = 1.0 + NORM_GAIN_STD * x
+    elif name.endswith(("hc_attn_base", "hc_ffn_base")):
+        x = 0.5 * x
+    elif name.endswith(("hc_attn_scale", "hc_ffn_scale")):
+        x = 1.0 + 0.1 * x
     elif name.endswith("attn_sink"):
         x = SINK_STD * x
     elif name.endswith("gate.bias"):
