@@ -126,8 +126,9 @@ def write_checkpoint(out_dir, name: str = "tiny", seed: int = 0, force: bool = F
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(
         json.dumps(checkpoint_config(name, text_config), indent=2) + "\n", encoding="utf-8")
-    save_file(random_weights(cfg, seed, progress), str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    weights = out / "model.safetensors"
+    save_file(random_weights(cfg, seed, progress), str(weights), metadata={"format": "pt"})
+    weights.chmod(0o644)  # safetensors creates it 0600; other users (containers) must read it
     save_tokenizer(out, cfg.vocab_size, cfg.max_position_embeddings)
     return out
 
