@@ -23,13 +23,23 @@ from sglang_dsv41.kv.records import Layout, record_bytes
 H, D, W, TOPK = 64, 512, 128, 512
 DEV = torch.device("cuda")
 CONFIGS = [  # (block_n, num_warps, num_stages)
-    (32, 8, 1), (16, 8, 1), (64, 8, 1), (32, 8, 2),
+    (32, 8, 1), (16, 8, 1), (64, 8, 1),
 ]
 
 
 def bench(fn) -> float:
     """Median microseconds of fn()."""
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def bench_graph(fn) -> float:
+    """Median microseconds of one CUDA-graph replay of fn() (no host launch overhead)."""
+    fn()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return bench(g.replay)
 
 
 def ceilings() -> dict:
@@ -76,7 +86,7 @@ def ours_decode(B, layout, cfg=None):
     fn = lambda: sparse_attention(q, swa, swa_slots, kv, topk_slots, layout, sink, out=out,  # noqa
                                   **launch)
     fn()
-    return bench(fn)
+    return bench(fn), bench_graph(fn)
 
 
 def flashmla_decode(B):
@@ -94,7 +104,12 @@ def flashmla_decode(B):
         indices=swa_slots.view(B, 1, W), attn_sink=sink, extra_k_cache=extra,
         extra_indices_in_kvcache=topk_slots.view(B, 1, TOPK), use_legacy=True)
     fn()
-    return bench(fn)
+    t = bench(fn)
+    try:
+        return t, bench_graph(fn)
+    except Exception as exc:
+        print(f"  FlashMLA decode graph capture failed: {str(exc)[:200]}")
+        return t, float("nan")
 
 
 def flashmla_decode_v41(B):
@@ -157,8 +172,8 @@ def _try(fn, *args):
     try:
         return fn(*args)
     except Exception as exc:  # a peer that cannot run is reported, not fatal
-        print(f"  {fn.__name__}{args}: {type(exc).__name__}: {str(exc)[:200]}")
-        return float("nan")
+        print(f"  {fn.__name__}{args[:2]}: {type(exc).__name__}: {str(exc)[:300]}")
+        return (float("nan"), float("nan")) if "decode" in fn.__name__ else float("nan")
 
 
 def main():
@@ -176,26 +191,28 @@ def main():
     if args.sweep:
         res["sweep"] = {}
         for cfg in CONFIGS:
-            row = [_try(ours_decode, B, Layout.V41_FP4, cfg) for B in batches]
+            row = [_try(ours_decode, B, Layout.V41_FP4, cfg)[1] for B in batches]
             row.append(_try(ours_prefill, args.prefill_tokens, Layout.V41_FP4, cfg))
             res["sweep"][str(cfg)] = row
-            print("sweep", cfg, " ".join(f"{t:8.1f}" for t in row))
+            print("sweep (graph us: decode 1/8/32/128, prefill)", cfg,
+                  " ".join(f"{t:8.1f}" for t in row))
 
     rows = []
     for B in batches:
-        t_fp4 = _try(ours_decode, B, Layout.V41_FP4)
-        t_v41 = _try(ours_decode, B, Layout.V41)
-        t_fm = _try(flashmla_decode, B)
-        t_fm41 = _try(flashmla_decode_v41, B) if B == 1 else float("nan")
+        p_fp4, g_fp4 = _try(ours_decode, B, Layout.V41_FP4)
+        p_v41, g_v41 = _try(ours_decode, B, Layout.V41)
+        p_fm, g_fm = _try(flashmla_decode, B)
+        if B == 1:
+            _try(flashmla_decode_v41, B)
         flop, by_fp4 = work(B, 288, 528)
         _, by_v41 = work(B, 528, 528)
         _, by_fm = work(B, 584, 584)
-        rows.append(dict(batch=B, ours_fp4_us=t_fp4, ours_v41_us=t_v41, flashmla_us=t_fm,
-                         ours_fp4_TBps=by_fp4 / t_fp4 / 1e6, ours_fp4_TFLOPs=flop / t_fp4 / 1e6,
-                         ours_v41_TBps=by_v41 / t_v41 / 1e6, flashmla_TBps=by_fm / t_fm / 1e6,
-                         flashmla_TFLOPs=flop / t_fm / 1e6, ratio_fp4=t_fp4 / t_fm,
-                         flashmla_v41_us=t_fm41,
-                         ratio_v41=t_v41 / t_fm))
+        rows.append(dict(batch=B, ours_fp4_us=g_fp4, ours_v41_us=g_v41, flashmla_us=g_fm,
+                         plain_ours_fp4_us=p_fp4, plain_ours_v41_us=p_v41, plain_flashmla_us=p_fm,
+                         ours_fp4_TBps=by_fp4 / g_fp4 / 1e6, ours_fp4_TFLOPs=flop / g_fp4 / 1e6,
+                         ours_v41_TBps=by_v41 / g_v41 / 1e6, flashmla_TBps=by_fm / g_fm / 1e6,
+                         flashmla_TFLOPs=flop / g_fm / 1e6, ratio_fp4=g_fp4 / g_fm,
+                         ratio_v41=g_v41 / g_fm))
     res["decode"] = rows
     T = args.prefill_tokens
     t_p = _try(ours_prefill, T, Layout.V41_FP4)
@@ -206,10 +223,13 @@ def main():
                           ours_fp4_TFLOPs=flop / t_p / 1e6, ours_v41_TFLOPs=flop / t_p41 / 1e6,
                           flashmla_TFLOPs=flop / t_pf / 1e6, ratio_fp4=t_p / t_pf)
 
-    print("\ndecode (us)  batch | ours fp4 | ours v41 | FlashMLA v4 | fp4/FM | TFLOP/s ours/FM | TB/s ours/FM")
+    print("\ndecode, graph replay us (plain launch us)")
+    print("  batch | ours fp4       | ours v41       | FlashMLA v4    | fp4/FM | TFLOP/s ours/FM"
+          " | TB/s ours/FM")
     for r in rows:
-        print(f"  {r['batch']:4d} | {r['ours_fp4_us']:8.1f} | {r['ours_v41_us']:8.1f} | "
-              f"{r['flashmla_us']:11.1f} | {r['ratio_fp4']:6.2f} | "
+        print(f"  {r['batch']:4d} | {r['ours_fp4_us']:6.1f} ({r['plain_ours_fp4_us']:5.1f}) | "
+              f"{r['ours_v41_us']:6.1f} ({r['plain_ours_v41_us']:5.1f}) | "
+              f"{r['flashmla_us']:6.1f} ({r['plain_flashmla_us']:5.1f}) | {r['ratio_fp4']:6.2f} | "
               f"{r['ours_fp4_TFLOPs']:5.0f} / {r['flashmla_TFLOPs']:5.0f} | "
               f"{r['ours_fp4_TBps']:4.2f} / {r['flashmla_TBps']:4.2f}")
     p = res["prefill"]

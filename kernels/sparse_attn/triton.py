@@ -24,37 +24,59 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _tile_v41(base, stride, idx, valid, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
-    """V41 records at slots idx [BN] -> DT [BN, D] (e4m3 x UE8M0 per 32; invalid rows = 0)."""
+def _load_idx(p_idx, u, n, hi, BN: tl.constexpr):
+    """Slots of tile u of a segment of n entries ([BN] int32, -1 beyond n or when u >= hi)."""
+    o = u * BN + tl.arange(0, BN)
+    return tl.load(p_idx + o, mask=(o < n) & (u < hi), other=-1)
+
+
+@triton.jit
+def _raw_v41(base, stride, idx, D: tl.constexpr):
+    """Raw V41 bytes at slots idx [BN]: values uint8 [BN, D/32, 32], scales uint8 [BN, D/32]."""
     NG: tl.constexpr = D // 32
     o_g = tl.arange(0, NG)
     o_j = tl.arange(0, 32)
+    valid = idx >= 0
     p_row = base + idx.to(tl.int64) * stride  # [BN]
     p_v = p_row[:, None, None] + (o_g[None, :, None] * 32 + o_j[None, None, :])  # [BN, NG, 32]
     b_v = tl.load(p_v, mask=valid[:, None, None], other=0)
     b_s = tl.load(p_row[:, None] + D + o_g[None, :], mask=valid[:, None], other=127)  # [BN, NG]
-    b_scale = (b_s.to(tl.int32) << 23).to(tl.float32, bitcast=True).to(DT)
+    return b_v, b_s
+
+
+@triton.jit
+def _raw_v41_fp4(base, stride, idx, D: tl.constexpr):
+    """Raw V41_FP4 bytes at slots idx [BN]: packed uint8 [BN, D/16, 8], scales uint8 [BN, D/16]."""
+    NG: tl.constexpr = D // 16
+    o_g = tl.arange(0, NG)
+    o_j = tl.arange(0, 8)
+    valid = idx >= 0
+    p_row = base + idx.to(tl.int64) * stride  # [BN]
+    p_v = p_row[:, None, None] + (o_g[None, :, None] * 8 + o_j[None, None, :])  # [BN, NG, 8]
+    b_v = tl.load(p_v, mask=valid[:, None, None], other=0)
+    b_s = tl.load(p_row[:, None] + D // 2 + o_g[None, :], mask=valid[:, None], other=0x38)
+    return b_v, b_s
+
+
+@triton.jit
+def _deq_v41(b_v, b_s, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
+    """V41 raw bytes -> DT [BN, D]: e4m3 x 2^(byte - 127); exact in bf16."""
+    b_scale = (b_s.to(tl.int32) << 23).to(tl.float32, bitcast=True).to(DT)  # [BN, NG]
     b_k = b_v.to(tl.float8e4nv, bitcast=True).to(DT) * b_scale[:, :, None]
     return tl.reshape(b_k, (BN, D))
 
 
 @triton.jit
-def _tile_v41_fp4(base, stride, idx, valid, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
-    """V41_FP4 records at slots idx [BN] -> DT [BN, D] (e2m1 x e4m3 per 16; invalid rows = 0).
+def _deq_v41_fp4(b_v, b_s, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
+    """V41_FP4 raw bytes -> DT [BN, D]: e2m1 x e4m3 scale per 16; exact in bf16.
 
     An e2m1 code (s, e1 e0, m) placed at fp16 bits 15 and 11..9 is the fp16 number
     (-1)^s 2^(e-15) (1 + m/2) (subnormal when e = 0), i.e. the e2m1 value times 2^-14; the 2^14
     is folded into the tile scale.
     """
-    NG: tl.constexpr = D // 16
-    o_g = tl.arange(0, NG)
-    o_j = tl.arange(0, 8)
-    p_row = base + idx.to(tl.int64) * stride  # [BN]
-    p_v = p_row[:, None, None] + (o_g[None, :, None] * 8 + o_j[None, None, :])  # [BN, NG, 8]
-    b_b = tl.load(p_v, mask=valid[:, None, None], other=0).to(tl.int32)
+    b_b = b_v.to(tl.int32)
     codes = tl.interleave(b_b & 0xF, b_b >> 4)  # [BN, NG, 16]
     b_h = (((codes & 8) << 12) | ((codes & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
-    b_s = tl.load(p_row[:, None] + D // 2 + o_g[None, :], mask=valid[:, None], other=0x38)
     b_scale = (b_s.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 16384.0).to(DT)  # [BN, NG]
     b_k = b_h.to(DT) * b_scale[:, :, None]
     return tl.reshape(b_k, (BN, D))
@@ -94,7 +116,6 @@ def _sparse_attn_kernel(
     o_h = i_hb * BH + tl.arange(0, BH)
     m_h = o_h < H
     o_d = tl.arange(0, D)
-    o_n = tl.arange(0, BN)
     p_q = q_ptr + i_t * stride_qt + o_h[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q, mask=m_h[:, None], other=0.0).to(tl.bfloat16).to(DT)  # [BH, D]
 
@@ -107,21 +128,38 @@ def _sparse_attn_kernel(
     per = tl.cdiv(n_tiles, NUM_SPLITS)
     u0 = i_s * per
     u1 = tl.minimum(u0 + per, n_tiles)
-    for u in range(u0, tl.minimum(u1, n_sw)):
-        o_w = u * BN + o_n
-        idx = tl.load(swa_idx_ptr + i_t * stride_swt + o_w, mask=o_w < W, other=-1)
-        valid = idx >= 0
-        b_k = _tile_v41(swa_ptr, swa_stride, idx, valid, D, BN, DT)
-        m_i, l_i, acc = _attend_tile(b_q, b_k, valid, m_i, l_i, acc, qk_scale)
-    for u in range(tl.maximum(u0, n_sw) - n_sw, u1 - n_sw):
-        o_k = u * BN + o_n
-        idx = tl.load(kv_idx_ptr + i_t * stride_kvt + o_k, mask=o_k < TOPK, other=-1)
-        valid = idx >= 0
+    # Each loop prefetches the next tile's bytes and the slots two tiles ahead, so the gather
+    # latency overlaps the current tile's math (one program per SM: no other warps hide it).
+    hi = tl.minimum(u1, n_sw)
+    p_idx = swa_idx_ptr + i_t * stride_swt
+    idx = _load_idx(p_idx, u0, W, hi, BN)
+    idx_n = _load_idx(p_idx, u0 + 1, W, hi, BN)
+    b_v, b_s = _raw_v41(swa_ptr, swa_stride, idx, D)
+    for u in range(u0, hi):
+        idx_nn = _load_idx(p_idx, u + 2, W, hi, BN)
+        n_v, n_s = _raw_v41(swa_ptr, swa_stride, idx_n, D)
+        b_k = _deq_v41(b_v, b_s, D, BN, DT)
+        m_i, l_i, acc = _attend_tile(b_q, b_k, idx >= 0, m_i, l_i, acc, qk_scale)
+        b_v, b_s, idx, idx_n = n_v, n_s, idx_n, idx_nn
+    lo = tl.maximum(u0, n_sw) - n_sw
+    hi = u1 - n_sw
+    p_idx = kv_idx_ptr + i_t * stride_kvt
+    idx = _load_idx(p_idx, lo, TOPK, hi, BN)
+    idx_n = _load_idx(p_idx, lo + 1, TOPK, hi, BN)
+    if KV_FP4:
+        b_v, b_s = _raw_v41_fp4(kv_ptr, kv_stride, idx, D)
+    else:
+        b_v, b_s = _raw_v41(kv_ptr, kv_stride, idx, D)
+    for u in range(lo, hi):
+        idx_nn = _load_idx(p_idx, u + 2, TOPK, hi, BN)
         if KV_FP4:
-            b_k = _tile_v41_fp4(kv_ptr, kv_stride, idx, valid, D, BN, DT)
+            n_v, n_s = _raw_v41_fp4(kv_ptr, kv_stride, idx_n, D)
+            b_k = _deq_v41_fp4(b_v, b_s, D, BN, DT)
         else:
-            b_k = _tile_v41(kv_ptr, kv_stride, idx, valid, D, BN, DT)
-        m_i, l_i, acc = _attend_tile(b_q, b_k, valid, m_i, l_i, acc, qk_scale)
+            n_v, n_s = _raw_v41(kv_ptr, kv_stride, idx_n, D)
+            b_k = _deq_v41(b_v, b_s, D, BN, DT)
+        m_i, l_i, acc = _attend_tile(b_q, b_k, idx >= 0, m_i, l_i, acc, qk_scale)
+        b_v, b_s, idx, idx_n = n_v, n_s, idx_n, idx_nn
 
     p_o = o_ptr + i_t * stride_ot + i_s * stride_os + o_h[:, None] * stride_oh + o_d[None, :]
     if SPLIT:

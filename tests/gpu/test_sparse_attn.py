@@ -74,10 +74,12 @@ def test_decode_and_prefill_shapes(layout, H, T):
         assert (out[2] == 0).all()  # only the sink: zero value
 
 
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+@pytest.mark.parametrize("block_n", [16, 32, 64])
 @pytest.mark.parametrize("num_splits", [1, 3, 7])
-def test_splits_agree(num_splits):
-    q, swa, sw, kv, tk, sink = make_case(4, 64, 512, 128, 512, Layout.V41_FP4)
-    _check(q, swa, sw, kv, tk, Layout.V41_FP4, sink, num_splits=num_splits)
+def test_splits_and_tiles_agree(layout, block_n, num_splits):
+    q, swa, sw, kv, tk, sink = make_case(4, 64, 512, 128, 512, layout, floor_every=2)
+    _check(q, swa, sw, kv, tk, layout, sink, num_splits=num_splits, block_n=block_n)
 
 
 def test_small_head_dim_no_sink_bf16_out():
