@@ -1,0 +1,1 @@
+"""SGLang glue: the only package that imports sglang (plugin, HF config, model, backend, pool)."""

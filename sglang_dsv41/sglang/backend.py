@@ -1,0 +1,56 @@
+"""Attention backend `dsv41`: builds the per-forward batch metadata the V4.1 layers read.
+
+SGLang calls `init_forward_metadata(forward_batch)` before every model forward (extend, decode,
+mixed, idle). The backend turns SGLang's batch description (request slots, prefix and extend
+lengths, output slots, slot table) into a `BatchContext`; the model's layers then read and write
+the `DSV41KVPool` through it. The attention math lives in `serving_attention` (torch, CPU and
+any device); there are no CUDA graphs on this backend.
+"""
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+from sglang_dsv41.sglang.context import BatchContext, build_rows
+
+BACKEND_NAME = "dsv41"
+
+
+class DSV41AttnBackend(AttentionBackend):
+    served_by = "sglang_dsv41"
+
+    def __init__(self, model_runner):
+        super().__init__()
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.context: BatchContext | None = None
+
+    def init_forward_metadata(self, forward_batch):
+        fb = forward_batch
+        mode = fb.forward_mode
+        if mode.is_idle():
+            self.context = None
+            return
+        seq_lens = [int(v) for v in (fb.seq_lens_cpu if fb.seq_lens_cpu is not None
+                                     else fb.seq_lens).tolist()]
+        if mode.is_decode():
+            prefix = [s - 1 for s in seq_lens]
+            extend = [1] * len(seq_lens)
+        else:
+            prefix = [int(v) for v in fb.extend_prefix_lens_cpu]
+            extend = [int(v) for v in fb.extend_seq_lens_cpu]
+        rows = build_rows(prefix, extend)
+        floors = getattr(fb, "dsv41_floors", None) or [0] * len(seq_lens)
+        if fb.positions is not None and not torch.equal(fb.positions.long().cpu(), rows.pos):
+            raise RuntimeError("dsv41 backend: batch positions are not [prefix, seq) per request")
+        self.context = BatchContext(rows=rows, req_pool=fb.req_pool_indices.long().cpu(),
+                                    req_to_token=self.req_to_token, seq_lens=seq_lens,
+                                    floors=list(floors), out_loc=fb.out_cache_loc.long().cpu())
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        raise NotImplementedError("dsv41 backend: no CUDA graphs")
+
+
+def create_backend(model_runner):
+    return DSV41AttnBackend(model_runner)

@@ -1,0 +1,62 @@
+"""The transformers config class SGLang loads for `model_type: deepseek_v41`.
+
+SGLang's in-tree class rewrites the architecture to `DeepseekV4ForCausalLM`; this one keeps
+`DeepseekV41ForCausalLM` so the plugin's model class is chosen. It flattens `text_config` onto
+the top level (as released checkpoints nest it), validates through `DeepseekV41Config` and sets
+the few attributes SGLang reads off any config of this model type.
+Module-level so it pickles into SGLang's subprocesses.
+"""
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from sglang_dsv41.config import DeepseekV41Config
+
+ARCH = "DeepseekV41ForCausalLM"
+MODEL_TYPE = "deepseek_v41"
+
+
+def flatten_text_config(values: dict) -> dict:
+    """Released config.json -> flat dict: `text_config` fields on top, vision config dropped."""
+    values = dict(values)
+    text = values.pop("text_config", None)
+    values.pop("vision_config", None)
+    if text is not None:
+        text = text.to_dict() if isinstance(text, PretrainedConfig) else dict(text)
+        text.pop("model_type", None)
+        text.pop("architectures", None)
+        values = {**text, **values}
+    return values
+
+
+class DeepseekV41HFConfig(PretrainedConfig):
+    """`config.json` of a V4.1 checkpoint as SGLang sees it (flat, text-only, MQA with one KV head).
+
+    The checkpoint's own values are kept verbatim in `dsv41_values` and parsed by
+    `DeepseekV41Config`; the RoPE fields are withheld from transformers (whose RoPE
+    standardization rewrites them) and from SGLang (which would rescale the context length).
+    """
+
+    model_type = MODEL_TYPE
+
+    def __init__(self, **kwargs):
+        values = kwargs.pop("dsv41_values", None)
+        kwargs = flatten_text_config(kwargs)
+        if values is None:
+            values = {k: v for k, v in kwargs.items() if not k.startswith("_")}
+        kwargs.pop("model_type", None)
+        for key in _WITHHELD:
+            kwargs.pop(key, None)
+        kwargs.setdefault("architectures", [ARCH])
+        super().__init__(**kwargs)
+        self.dsv41_values = values
+        # SGLang reads these off every deepseek_v41 config; this plugin serves text only.
+        self.vision_n_layers = 0
+        self.num_key_value_heads = 1
+
+    def dsv41(self) -> DeepseekV41Config:
+        """The validated core config (raises ConfigError naming field and layer)."""
+        return DeepseekV41Config.from_dict(self.dsv41_values)
+
+
+_WITHHELD = ("rope_scaling", "rope_parameters", "rope_theta", "compress_rope_theta")

@@ -1,0 +1,77 @@
+"""Entry point `sglang.srt.plugins: dsv41 = sglang_dsv41.sglang.plugin:register`.
+
+SGLang calls `register()` in every process (launcher, scheduler, detokenizer) before it parses
+server arguments. It wires this package into SGLang through extension points only:
+  - the config registry and AutoConfig: `model_type deepseek_v41` -> DeepseekV41HFConfig, which
+    keeps the architecture `DeepseekV41ForCausalLM` (the in-tree class renames it to V4);
+  - ModelRegistry: `DeepseekV41ForCausalLM` -> this package's model class;
+  - the attention-backend registry and the `--attention-backend` choices: `dsv41`;
+  - a per-architecture override: attention backend `dsv41` and CPU-friendly defaults;
+  - HookRegistry hooks for the KV pool and the scheduler (see hooks.py).
+"""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+_done = False
+
+
+def register() -> None:
+    global _done
+    if _done:
+        return
+    _done = True
+    _register_config()
+    _register_model()
+    _register_backend()
+    _register_overrides()
+    _register_hooks()
+    logger.info("sglang_dsv41: registered deepseek_v41 config, model, backend 'dsv41'")
+
+
+def _register_config() -> None:
+    from transformers import AutoConfig
+
+    from sglang.srt.utils.hf_transformers import common
+
+    from sglang_dsv41.sglang.hf_config import MODEL_TYPE, DeepseekV41HFConfig
+
+    common._CONFIG_REGISTRY[MODEL_TYPE] = DeepseekV41HFConfig
+    AutoConfig.register(MODEL_TYPE, DeepseekV41HFConfig, exist_ok=True)
+
+
+def _register_model() -> None:
+    from sglang.srt.models.registry import ModelRegistry
+
+    from sglang_dsv41.sglang.hf_config import ARCH
+    from sglang_dsv41.sglang.model import DeepseekV41ForCausalLM
+
+    ModelRegistry.models[ARCH] = DeepseekV41ForCausalLM
+
+
+def _register_backend() -> None:
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.layers.attention.attention_registry import register_attention_backend
+
+    from sglang_dsv41.sglang.backend import BACKEND_NAME, create_backend
+
+    register_attention_backend(BACKEND_NAME)(create_backend)
+    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([BACKEND_NAME])
+
+
+def _register_overrides() -> None:
+    from sglang.srt.arg_groups.model_override_base import register_model_override
+
+    from sglang_dsv41.sglang.hf_config import ARCH
+    from sglang_dsv41.sglang.server_defaults import server_defaults
+
+    register_model_override(ARCH)(server_defaults)
+
+
+def _register_hooks() -> None:
+    from sglang_dsv41.sglang.hooks import register_hooks
+
+    register_hooks()

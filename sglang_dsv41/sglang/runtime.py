@@ -1,0 +1,53 @@
+"""Process-wide serving state of this plugin (one model per SGLang scheduler process).
+
+Set when DeepseekV41ForCausalLM is built; read by the scheduler hooks (radix prefix cap,
+per-request replay floors), which must act only when this package's model is served.
+    replay   decoder SWA bounded replay on (server flag --enable-decoder-swa-bounded-replay,
+             default on; --no-enable-decoder-swa-bounded-replay turns it off)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class _State:
+    cfg: Optional[object] = None
+    replay: bool = True
+
+
+STATE = _State()
+
+
+def replay_flag() -> bool:
+    """The server's decoder replay switch: None (unset) = on."""
+    try:
+        from sglang.srt.runtime_context import get_exec
+
+        value = get_exec().features.enable_decoder_swa_bounded_replay
+    except Exception:
+        value = None
+    return value is not False
+
+
+def replay_supported(cfg) -> bool:
+    """Replay needs every decoder kv source at the first decoder layer (DESIGN.md 5)."""
+    return all(s <= cfg.decoder_start for s in cfg.kv_source_layer_ids)
+
+
+def activate(cfg) -> None:
+    STATE.cfg = cfg
+    STATE.replay = replay_flag() and replay_supported(cfg)
+
+
+def active() -> bool:
+    return STATE.cfg is not None
+
+
+def replay_floor(prompt_len: int, wants_prompt_logprobs: bool = False) -> int:
+    """Decoder SWA floor of a request: max(0, prompt - window) with replay, else 0. Requests
+    that ask for prompt logprobs run the full forward (every prompt row gets real logits)."""
+    if not active() or not STATE.replay or wants_prompt_logprobs:
+        return 0
+    return max(0, prompt_len - STATE.cfg.sliding_window)

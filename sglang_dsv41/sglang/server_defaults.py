@@ -1,0 +1,26 @@
+"""Per-architecture server defaults for DeepseekV41ForCausalLM (a `register_model_override`
+provider), so that `--model-path DIR --device cpu` needs no other flag.
+
+    attention backend   dsv41 (prefill and decode)
+    page size           2 when odd: a ratio-2 entry's two tokens share a page, so radix hits
+                        end on entry boundaries and the entry's row is slot // 2
+"""
+from __future__ import annotations
+
+from sglang_dsv41.sglang.backend import BACKEND_NAME
+
+
+def server_defaults(server_args, hf_config) -> dict:
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    cfg = resolving_view(server_args)
+    out = {}
+    for name in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+        value = getattr(server_args, name, None)  # the user's own flag, not a platform default
+        if value is not None and value != BACKEND_NAME:
+            raise ValueError(f"--{name.replace('_', '-')} {value}: DeepseekV41ForCausalLM is "
+                             f"served by the '{BACKEND_NAME}' backend of sglang_dsv41")
+        out[name] = BACKEND_NAME
+    if int(cfg.page_size or 1) % 2:
+        out["page_size"] = 2
+    return out

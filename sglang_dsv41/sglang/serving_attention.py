@@ -1,0 +1,168 @@
+"""One V4.1 attention sublayer over a batch of requests, reading and writing the dsv41 pool.
+
+The cached counterpart of `reference.attention.attention_layer`, with the same formulas from
+`layers/` (MqaAttentionBase, Compressor, Indexer, index_math, sparse_attention). It differs only
+in where keys come from: SWA keys, main-KV entries and index keys are written as records into
+`DSV41KVPool` and read back through SGLang's slot table, so a request's history may come from
+earlier forwards (chunked prefill, decode) or from another request (radix prefix hit).
+unpack(pack(x)) is bit-identical to the reference's fake_quant(x), so the values match.
+
+Within one forward, `ctx.shared` passes state from source layers to their consumers:
+    ("kv", src, b)  -> (main fp32 [n_b, D], index K fp32 [n_b, DI]) entries visible to request b
+    ("topk", layer) -> int64 [T_batch, TOPK], -1 padded, rows = batch row ids
+    ("pool", b)     -> (first batch row id, bool [t_b, n_b]) candidate pool of request b
+"""
+from __future__ import annotations
+
+import torch
+
+from sglang_dsv41.config import FULL
+from sglang_dsv41.kv.records import Layout, pack, unpack
+from sglang_dsv41.layers.compressor import stream_groups
+from sglang_dsv41.layers.index_math import (candidate_blocks, index_scores, pool_mask,
+                                            topk_indices, visible_mask)
+from sglang_dsv41.layers.rope import apply_rope
+from sglang_dsv41.layers.sparse_attention import sparse_attention
+from sglang_dsv41.sglang.context import BatchContext, Rows
+from sglang_dsv41.sglang.geometry import main_layout
+
+
+def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
+    """Store the rows' SWA key/values (V41 records) at their slots."""
+    kv = attn.swa_kv(x, rows.pos)  # [T, D] fp32
+    pool.swa[attn.layer_id][ctx.out_loc[rows.ids]] = pack(Layout.V41, kv)
+
+
+def gather_swa(attn, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor):
+    """SWA keys of every row: (k fp32 [T, W, D], ok bool [T, W]); row at p sees
+    [max(floor, p - W + 1), p]. floor int64 [T]."""
+    W = attn.cfg.sliding_window
+    kpos = rows.pos[:, None] - W + 1 + torch.arange(W)[None, :]  # [T, W]
+    ok = kpos >= floor[:, None]
+    kpos = torch.maximum(kpos, floor[:, None])  # masked slots read a written record
+    slots = ctx.req_to_token[ctx.req_pool[rows.req][:, None], kpos].long()  # [T, W]
+    return unpack(Layout.V41, pool.swa[attn.layer_id][slots]), ok
+
+
+def _index_k_prequant(attn, latent, entry_pos):
+    """Index K before its record encoding: RoPE(k_norm(wk latent)) fp32 [n, DI] (Indexer.keys
+    without quant_index, which the record applies)."""
+    ix = attn.indexer
+    k = ix.k_norm(ix.wk(latent.to(ix.wk.weight.dtype)).float())
+    return apply_rope(k, entry_pos, attn.inv_freq)
+
+
+def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
+    """Full layer: write the main-KV and index-K entries completed by these rows.
+
+    Ratio 2 pairs tokens (2j, 2j + 1); a request's unpaired even token waits in
+    pool.pending[layer][request slot] until its partner arrives in a later forward.
+    """
+    i, r = attn.layer_id, attn.ratio
+    layout = main_layout(attn.cfg)
+    c, z = attn.compressor.project(x)  # [T, D] fp32 each (z None at ratio 1)
+    for b, (s, n) in enumerate(rows.spans):
+        if n == 0:
+            continue
+        p0, rp = int(rows.pos[s]), int(ctx.req_pool[b])
+        cb = c[s:s + n]
+        zb = z[s:s + n] if z is not None else None
+        pending = None
+        if r == 2 and p0 % 2:
+            pending = (pool.pending[i][rp, 0:1], pool.pending[i][rp, 1:2])
+        cg, zg, ids, rest = stream_groups(r, p0, cb, zb, pending)
+        if rest is not None:
+            pool.pending[i][rp, 0] = rest[0][0]
+            pool.pending[i][rp, 1] = rest[1][0]
+        if ids.numel() == 0:
+            continue
+        latent = attn.compressor.pool(cg, zg)  # [m, D]
+        entry_pos = ids * r
+        dst = pool.entry_rows(i, ctx.slots(b, entry_pos))
+        pool.main[i][dst] = pack(layout, attn.main_kv(latent, entry_pos))
+        pool.index_k[i][dst] = pack(Layout.INDEX_K, _index_k_prequant(attn, latent, entry_pos))
+
+
+def source_entries(cfg, src: int, b: int, ctx: BatchContext, pool):
+    """(main fp32 [n, D], index K fp32 [n, DI]) of request b from kv source src, n = seq // r."""
+    key = ("kv", src, b)
+    if key not in ctx.shared:
+        r = cfg.ratio(src)
+        n = ctx.seq_lens[b] // r
+        first = torch.arange(n, dtype=torch.int64) * r
+        rows = pool.entry_rows(src, ctx.slots(b, first))
+        ctx.shared[key] = (unpack(main_layout(cfg), pool.main[src][rows]),
+                           unpack(Layout.INDEX_K, pool.index_k[src][rows]))
+    return ctx.shared[key]
+
+
+def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.Tensor:
+    """Index source (Full / Reindex): top-k int64 [T, TOPK] (-1 padded) of these rows."""
+    cfg, i = attn.cfg, attn.layer_id
+    src = cfg.source_layer_of(i)
+    qI, w = attn.indexer.queries(q_lora, x, rows.pos, attn.inv_freq)
+    out = torch.full((rows.n, cfg.index_topk), -1, dtype=torch.int64)
+    for b, (s, n) in enumerate(rows.spans):
+        if n == 0:
+            continue
+        _, k = source_entries(cfg, src, b, ctx, pool)
+        pos = rows.pos[s:s + n]
+        scores = index_scores(qI[s:s + n], w[s:s + n], k)  # [n, N]
+        allowed = visible_mask(pos, attn.ratio, k.shape[0])
+        if cfg.uses_candidates(i):
+            first, mask = ctx.shared[("pool", b)]
+            off = rows.ids[s:s + n] - first
+            allowed = allowed & mask[off]
+        if i == cfg.candidate_source_layer_id:
+            blocks = candidate_blocks(scores, (pos + 1) // attn.ratio, cfg.candidate_block_size,
+                                      cfg.candidate_topk_blocks)
+            ctx.shared[("pool", b)] = (int(rows.ids[s]),
+                                       pool_mask(blocks, k.shape[0], cfg.candidate_block_size))
+        out[s:s + n] = topk_indices(scores, allowed, cfg.index_topk)
+    return out
+
+
+def gather_topk(attn, topk: torch.Tensor, rows: Rows, ctx: BatchContext, pool):
+    """Selected main-KV entries: (k fp32 [T, TOPK, D], ok bool [T, TOPK])."""
+    cfg = attn.cfg
+    src = cfg.source_layer_of(attn.layer_id)
+    k_top = torch.zeros(rows.n, topk.shape[1], cfg.head_dim, dtype=torch.float32)
+    for b, (s, n) in enumerate(rows.spans):
+        if n == 0:
+            continue
+        main, _ = source_entries(cfg, src, b, ctx, pool)
+        if main.shape[0]:
+            k_top[s:s + n] = main[topk[s:s + n].clamp_min(0)]
+    return k_top, topk >= 0
+
+
+def attention_layer(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor,
+                    x_all=None, rows_all: Rows | None = None) -> torch.Tensor:
+    """x [T, hidden] attention input of `rows` -> [T, hidden].
+
+    floor int64 [T]: lowest SWA key position per row (bounded replay; 0 otherwise).
+    x_all / rows_all: for the decoder's Full layer under replay, its attention input over every
+    batch row (the compressor runs over all of them, attention only over `rows`).
+    """
+    cfg, i = attn.cfg, attn.layer_id
+    if attn.role == FULL:
+        compress(attn, x if x_all is None else x_all, rows if rows_all is None else rows_all,
+                 ctx, pool)
+    if rows.n == 0:
+        return x.new_zeros(0, cfg.hidden_size)
+    q, q_lora = attn.query(x, rows.pos)  # [T, H, D]
+    write_swa(attn, x, rows, ctx, pool)
+    k_swa, swa_ok = gather_swa(attn, rows, ctx, pool, floor)
+    if attn.ratio == 0:
+        k_top = torch.zeros(rows.n, 0, cfg.head_dim)
+        top_ok = torch.zeros(rows.n, 0, dtype=torch.bool)
+    else:
+        if attn.indexer is not None:
+            topk = select_topk(attn, x, q_lora, rows, ctx, pool)
+            full = torch.full((ctx.rows.n, cfg.index_topk), -1, dtype=torch.int64)
+            full[rows.ids] = topk
+            ctx.shared[("topk", i)] = full
+        topk = ctx.shared[("topk", cfg.index_source_of(i))][rows.ids]
+        k_top, top_ok = gather_topk(attn, topk, rows, ctx, pool)
+    o = sparse_attention(q, k_swa, swa_ok, k_top, top_ok, attn.attn_sink, attn.scale)
+    return attn.output(o, rows.pos)
