@@ -62,7 +62,10 @@ def _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI: tl.constexpr, BN: tl.cons
         b_acc = _dot_slice(b_hi, qp_ptr + (j + 4) * W * HI, b_acc, HI, W, DOT_F32)
     return tl.sum(tl.maximum(b_acc, 0.0) * b_w[None, :], axis=1)  # [BN]
 
-@triton.jit
+# P is never specialized: Triton 3.6 derives 16-divisibility for a contiguous run of slots from a
+# 16-divisible P and keeps it through the odd record stride (17 words), emitting misaligned
+# 16-byte record loads (seen on the H200 as "misaligned address").
+@triton.jit(do_not_specialize=["P"])
 def _scan_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, out_ptr,
                  stride_pt, NBLK, P,
                  FORCE_NEWEST: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
@@ -95,7 +98,7 @@ def _scan_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, out_ptr,
         tl.store(out_ptr + i_t.to(tl.int64) * NBLK + o_blk, b_max, mask=o_blk < NBLK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def _pool_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, blocks_ptr, out_ptr,
                  stride_pt, NB, P,
                  HI: tl.constexpr, DI: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr,
