@@ -59,7 +59,30 @@ def ffn_tensors(cfg: DeepseekV41Config, i: int) -> dict:
     return {"w1.weight": (inter, hid), "w2.weight": (hid, inter), "w3.weight": (inter, hid)}
 
 
-FP32_SUFFIXES = ("attn_sink", "gate.bias")
+def layer_extra_tensors(cfg: DeepseekV41Config, i: int) -> dict:
+    """name -> shape for layer i's mHC parameters (hc_mult > 1) and Engram (prefix `layers.{i}.`).
+
+    mHC: hc_{attn,ffn}_fn [(2+S)*S, S*hidden], _base [(2+S)*S], _scale [3] (fp32).
+    Engram: embed.weight [rows, head_dim], wkv.weight [(S+1)*hidden, (n-1)*heads*head_dim],
+    q_weight, k_weight [S, hidden].
+    """
+    S, d, out = cfg.hc_mult, cfg.hidden_size, {}
+    if S > 1:
+        w = (2 + S) * S
+        for sub in ("attn", "ffn"):
+            out.update({f"hc_{sub}_fn": (w, S * d), f"hc_{sub}_base": (w,),
+                        f"hc_{sub}_scale": (3,)})
+    if i in cfg.engram_layer_ids:
+        j = list(cfg.engram_layer_ids).index(i)
+        cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
+        out.update({"engram.embed.weight": (cfg.engram_num_embeddings[j], cfg.engram_head_dim),
+                    "engram.wkv.weight": ((S + 1) * d, cols * cfg.engram_head_dim),
+                    "engram.q_weight": (S, d), "engram.k_weight": (S, d)})
+    return out
+
+
+FP32_SUFFIXES = ("attn_sink", "gate.bias", "hc_attn_fn", "hc_attn_base", "hc_attn_scale",
+                 "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale")
 
 
 def tensor_manifest(cfg: DeepseekV41Config, dense_dtype=torch.float32) -> dict:
@@ -72,5 +95,6 @@ def tensor_manifest(cfg: DeepseekV41Config, dense_dtype=torch.float32) -> dict:
         shapes[p + "ffn_norm.weight"] = (cfg.hidden_size,)
         shapes.update({p + "attn." + k: v for k, v in attention_tensors(cfg, i).items()})
         shapes.update({p + "ffn." + k: v for k, v in ffn_tensors(cfg, i).items()})
+        shapes.update({p + k: v for k, v in layer_extra_tensors(cfg, i).items()})
     return {n: (tuple(s), torch.float32 if n.endswith(FP32_SUFFIXES) else dense_dtype)
             for n, s in shapes.items()}

@@ -193,9 +193,9 @@ class EngramHasher(nn.Module):
                              f"ids, config says {cfg.engram_compressed_vocab_size}")
         layers, n = list(cfg.engram_layer_ids), cfg.engram_max_ngram_size
         primes = engram_primes(len(layers), n, cfg.engram_n_heads, cfg.engram_vocab_size)
-        for l, layer in enumerate(layers):
-            need = sum(sum(p) for p in primes[l])
-            have = cfg.engram_num_embeddings[l] if l < len(cfg.engram_num_embeddings) else 0
+        for j, layer in enumerate(layers):
+            need = sum(sum(p) for p in primes[j])
+            have = cfg.engram_num_embeddings[j] if j < len(cfg.engram_num_embeddings) else 0
             if have < need:
                 raise ValueError(f"engram_num_embeddings (layer {layer}): {have} rows, the "
                                  f"hash needs {need}")
@@ -212,9 +212,9 @@ class EngramHasher(nn.Module):
     def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
         tokens, blocked = ngram_windows(input_ids.long(), positions.long(), self.max_ngram)
         return torch.stack([
-            engram_hash_rows(tokens, blocked, self.token_map, self.pad_compressed, self.mult[l],
-                             self.primes[l], self.offsets[l])
-            for l in range(len(self.layer_ids))], dim=1)
+            engram_hash_rows(tokens, blocked, self.token_map, self.pad_compressed, self.mult[j],
+                             self.primes[j], self.offsets[j])
+            for j in range(len(self.layer_ids))], dim=1)
 
 
 def engram_gate(H: Tensor, kv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float) -> Tensor:

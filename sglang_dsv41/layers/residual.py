@@ -4,7 +4,8 @@
     x = attn_norm(h); h = h + attn(x); x = ffn_norm(h); h = h + ffn(x); final: h.
 The state is a tensor whose first dim is tokens, so callers may keep a subset of rows
 (`select`), as bounded replay does for the decoder tail. The released model's mHC streams
-provide the same interface.
+(hc_mult > 1, `layers.mhc.MhcResidual`) provide the same interface. `inject` lets an Engram
+layer rewrite the streams before the layer's attention mixing ([T, S, d] with S = 1 here).
 """
 import torch
 
@@ -16,6 +17,10 @@ class PlainResidual:
 
     def select(self, state, rows: torch.Tensor):
         return state[rows]
+
+    def inject(self, state, fn):
+        """fn: [T, 1, hidden] -> [T, 1, hidden] (Engram on a single stream)."""
+        return fn(state.unsqueeze(1)).squeeze(1).to(state.dtype)
 
     def attn_input(self, state, block) -> torch.Tensor:
         return block.attn_norm(state)
@@ -36,4 +41,6 @@ class PlainResidual:
 def build_residual(cfg):
     if cfg.hc_mult == 1:
         return PlainResidual()
-    raise NotImplementedError("hc_mult > 1 (mHC) is not wired yet")
+    from sglang_dsv41.layers.mhc import MhcResidual
+
+    return MhcResidual(cfg)

@@ -5,6 +5,12 @@ F = 0 is the full forward. F > 0 is decoder SWA bounded replay: encoder layers r
 tokens, the decoder's Full layer compresses (and projects index K from) its attention input over
 all L tokens, and the decoder's attention and FFN run only on positions >= F, with SWA spans
 floored at F. Logits exist for rows >= F (earlier rows are NaN).
+
+The residual is `layers.residual.build_residual(cfg)`: plain pre-norm (hc_mult = 1) or the mHC
+streams (hc_mult > 1). Engram layers rewrite the residual before their attention mixing, with
+hash rows from `engram_hasher` (built from the checkpoint's tokenizer.json by from_pretrained;
+the identity token map otherwise). from_pretrained reads the dense format or, when config.json
+declares the released quantization, the released FP8/FP4 format (dequantized on CPU).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ class ReferenceModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.residual = build_residual(cfg)
+        self.engram_hasher = None  # built on first use (identity map) or by from_pretrained
         for i in range(cfg.decoder_start + 1, cfg.num_hidden_layers):
             if cfg.role(i) == FULL:
                 self._late_decoder_full = i  # replay needs the decoder kv source first
@@ -41,11 +48,18 @@ class ReferenceModel(nn.Module):
         """Load `config.json` + `*.safetensors` from a checkpoint directory, strictly."""
         from sglang_dsv41.reference.loading import load_state
 
+        from sglang_dsv41.layers.engram import build_engram_hasher
+        from sglang_dsv41.weights.checkpoint import is_release_format, load_release_state
+
         cfg = DeepseekV41Config.from_hf(path)
         with torch.device("meta"):
             model = cls(cfg)
-        model.load_state_dict(load_state(path, model.state_dict(), dtype), assign=True)
+        if is_release_format(cfg):
+            model.load_state_dict(load_release_state(path, cfg, dtype), assign=True)
+        else:
+            model.load_state_dict(load_state(path, model.state_dict(), dtype), assign=True)
         model.residual = build_residual(cfg)
+        model.engram_hasher = build_engram_hasher(cfg, path)
         for block in model.layers:  # non-persistent rope tables are rebuilt off the meta device
             from sglang_dsv41.layers.rope import rope_inv_freq
             block.attn.inv_freq = rope_inv_freq(cfg, block.attn.ratio)
@@ -65,9 +79,13 @@ class ReferenceModel(nn.Module):
                              f"{cfg.decoder_start}; layer {self._late_decoder_full} is also Full")
         pos_all = torch.arange(L)
         state = self.residual.init(self.embed(input_ids))
+        hash_rows = self._engram_rows(input_ids, pos_all)  # [L, n_engram_layers, cols] or None
         shared = SharedState()
         pos, floor = pos_all, 0
         for i, block in enumerate(self.layers):
+            if block.engram is not None:
+                rows = hash_rows[pos, block.engram.hash_index]
+                state = self.residual.inject(state, lambda H, e=block.engram, r=rows: e(H, r))
             x_all = None
             if i == cfg.decoder_start and F > 0:
                 x_all = self.residual.attn_input(state, block)  # the decoder's Full layer input
@@ -87,6 +105,15 @@ class ReferenceModel(nn.Module):
             full[F:] = logits
             logits = full
         return logits
+
+    def _engram_rows(self, input_ids: torch.Tensor, pos: torch.Tensor):
+        if not self.cfg.engram_layer_ids:
+            return None
+        if self.engram_hasher is None:
+            from sglang_dsv41.layers.engram import build_engram_hasher
+
+            self.engram_hasher = build_engram_hasher(self.cfg)
+        return self.engram_hasher(input_ids, pos)
 
     def replay_floor_for(self, prompt_len: int, replay: bool) -> int:
         return max(0, prompt_len - self.cfg.sliding_window) if replay else 0

@@ -73,27 +73,6 @@ def release_entries(name: str, shape: tuple) -> dict:
     return {name: (shape, torch.float32 if kind == FP32 else torch.bfloat16)}
 
 
-def arch_tensors(cfg: DeepseekV41Config) -> dict:
-    """name -> shape of the mHC (hc_mult > 1) and Engram tensors of every layer."""
-    S, d = cfg.hc_mult, cfg.hidden_size
-    out = {}
-    for i in range(cfg.num_hidden_layers):
-        p = f"layers.{i}."
-        if S > 1:
-            w = (2 + S) * S
-            for sub in ("attn", "ffn"):
-                out.update({p + f"hc_{sub}_fn": (w, S * d), p + f"hc_{sub}_base": (w,),
-                            p + f"hc_{sub}_scale": (3,)})
-        if i in cfg.engram_layer_ids:
-            j = list(cfg.engram_layer_ids).index(i)
-            cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
-            out.update({
-                p + "engram.embed.weight": (cfg.engram_num_embeddings[j], cfg.engram_head_dim),
-                p + "engram.wkv.weight": ((S + 1) * d, cols * cfg.engram_head_dim),
-                p + "engram.q_weight": (S, d), p + "engram.k_weight": (S, d)})
-    return out
-
-
 def release_manifest(cfg: DeepseekV41Config) -> dict:
     """name -> (shape tuple, torch dtype) of every text tensor the release stores for `cfg`.
 
@@ -102,11 +81,9 @@ def release_manifest(cfg: DeepseekV41Config) -> dict:
     """
     from sglang_dsv41.manifest import tensor_manifest
 
-    dense = {n: tuple(s) for n, (s, _) in tensor_manifest(cfg).items()}
-    for n, s in arch_tensors(cfg).items():
-        dense.setdefault(n, s)
     out = {}
-    for name, shape in dense.items():
+    for name, (shape, _) in tensor_manifest(cfg).items():
+        shape = tuple(shape)
         out.update(release_entries(name, shape))
         if name.endswith(".ffn.gate.bias"):
             out[name + "_vl"] = (tuple(shape), torch.float32)

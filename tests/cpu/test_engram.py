@@ -11,7 +11,6 @@ from sglang_dsv41.layers.engram import (
     EngramHasher,
     compressed_token_map,
     engram_gate,
-    engram_hash_rows,
     engram_multipliers,
     engram_primes,
     is_prime,

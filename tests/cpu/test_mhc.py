@@ -165,3 +165,39 @@ def test_delayed_pre_reaches_the_next_sublayer():
     pa, post_a, C_a = hc_mix(H0, m.hc_attn_fn, m.hc_attn_base, m.hc_attn_scale, **kw)
     torch.testing.assert_close(pa, pre_a)
     torch.testing.assert_close(H1, hc_post(sub(norm(H0[:, 0])), H0, post_a, C_a))
+
+
+def test_residual_interface_equals_hc_sublayer():
+    """MhcResidual (what the reference model and blocks use) runs the same four steps."""
+    from types import SimpleNamespace
+
+    from sglang_dsv41.layers.mhc import MhcResidual
+    from sglang_dsv41.layers.norm import RMSNorm
+
+    S, d, T = 4, 6, 5
+    cfg = SimpleNamespace(hc_mult=S, hc_sinkhorn_iters=20, hc_eps=EPS, rms_norm_eps=1e-6)
+    g = torch.Generator().manual_seed(5)
+    block = nn.Module()
+    add_hc_params(block, "hc_attn", S, d)
+    add_hc_params(block, "hc_ffn", S, d)
+    block.attn_norm, block.ffn_norm = RMSNorm(d, 1e-6), RMSNorm(d, 1e-6)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    res = MhcResidual(cfg)
+    emb = torch.randn(T, d, generator=g)
+    state = res.init(emb)
+    kw = dict(iters=20, hc_eps=EPS, rms_eps=1e-6)
+    H, pre = hc_expand(emb, S), None
+    for _ in range(2):  # two blocks sharing parameters
+        x = res.attn_input(state, block)
+        state = res.attn_done(state, block, torch.tanh(x))
+        x = res.ffn_input(state, block)
+        state = res.ffn_done(state, block, x * 0.5)
+        H, pre = hc_sublayer(block, "hc_attn", H, pre, block.attn_norm, torch.tanh, **kw)
+        H, pre = hc_sublayer(block, "hc_ffn", H, pre, block.ffn_norm, lambda v: v * 0.5, **kw)
+    torch.testing.assert_close(state[0], H)
+    torch.testing.assert_close(state[1], pre)
+    torch.testing.assert_close(res.final(state), hc_collapse(H, pre))
+    sel = res.select(state, torch.tensor([4, 1]))
+    torch.testing.assert_close(sel[0], H[[4, 1]])
