@@ -210,7 +210,14 @@ class EngramHasher(nn.Module):
         self.register_buffer("mult", mult, persistent=False)
 
     def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        """One contiguous sequence (or a suffix whose earlier tokens are all given)."""
         tokens, blocked = ngram_windows(input_ids.long(), positions.long(), self.max_ngram)
+        return self.rows_from_windows(tokens, blocked)
+
+    def rows_from_windows(self, tokens: Tensor, blocked: Tensor) -> Tensor:
+        """tokens int64 [T, n] (column s = the token s places back), blocked bool [T, n] (before
+        the sequence start) -> int64 [T, n_engram_layers, (n-1) * heads]. A serving path builds
+        the windows from each request's last n-1 token ids (its per-request history)."""
         return torch.stack([
             engram_hash_rows(tokens, blocked, self.token_map, self.pad_compressed, self.mult[j],
                              self.primes[j], self.offsets[j])

@@ -125,6 +125,27 @@ def dense_from_release(name: str, get) -> torch.Tensor:
     return get(name).float()
 
 
+def dense_weights_from_release(weights, cfg, where: str = "checkpoint"):
+    """Stream form of load_release_state for a loader that yields (stored name, tensor) pairs
+    (SGLang's `load_weights`): yields (dense name, fp32 tensor) once a weight and its scale
+    have both arrived. Validates names, dtypes and shapes against release_manifest(cfg) first
+    (raises WeightFormatError naming each bad tensor); skips vision/aligner/image/MTP tensors
+    with one log line and drops `ffn.gate.bias_vl`. Holds tensors until the stream ends."""
+    stored = {}
+    for name, t in weights:
+        if name in stored:
+            raise WeightFormatError(f"{where}: {name} appears twice")
+        stored[name] = t
+    skipped = validate_release({n: (tuple(t.shape), t.dtype) for n, t in stored.items()}, cfg,
+                               where)
+    if skipped:
+        logger.info("%s: skipped %d tensors outside the text model (vision.*, aligner.*, "
+                    "image_*, mtp.*)", where, skipped)
+    for name in release_manifest(cfg):
+        if not name.endswith((".scale", ".gate.bias_vl")):
+            yield name, dense_from_release(name, stored.__getitem__)
+
+
 def load_release_state(path: str, cfg, dtype=torch.float32) -> dict:
     """Dense name -> tensor (dequantized on CPU, cast to `dtype`; fp32 tensors stay fp32)."""
     from safetensors import safe_open

@@ -119,3 +119,20 @@ def test_bounded_replay_runs_with_mhc(model):
     assert F == 4
     logits = model(ids, replay_floor=F)
     assert torch.isnan(logits[:F]).all() and torch.isfinite(logits[F:]).all()
+
+
+def test_stream_loader_equals_directory_loader(mini):
+    """The (name, tensor) stream form SGLang's load_weights sees, in any order."""
+    from safetensors.torch import load_file
+
+    from sglang_dsv41.weights.checkpoint import dense_weights_from_release
+
+    cfg = DeepseekV41Config.from_hf(mini)
+    items = [kv for f in SHARDS for kv in load_file(str(mini / f)).items()]
+    streamed = dict(dense_weights_from_release(reversed(items), cfg))
+    state = load_release_state(str(mini), cfg)
+    assert streamed.keys() == state.keys()
+    assert all(torch.equal(streamed[k], state[k].float()) for k in state)
+    items[3] = (items[3][0], items[3][1][:1])
+    with pytest.raises(WeightFormatError, match=re.escape(items[3][0])):
+        dict(dense_weights_from_release(items, cfg))
