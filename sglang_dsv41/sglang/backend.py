@@ -24,13 +24,12 @@ class DSV41AttnBackend(AttentionBackend):
         super().__init__()
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.token_to_kv_pool = model_runner.token_to_kv_pool
-        self.context: BatchContext | None = None
 
     def init_forward_metadata(self, forward_batch):
         fb = forward_batch
         mode = fb.forward_mode
         if mode.is_idle():
-            self.context = None
+            fb.dsv41_context = None
             return
         seq_lens = [int(v) for v in (fb.seq_lens_cpu if fb.seq_lens_cpu is not None
                                      else fb.seq_lens).tolist()]
@@ -44,7 +43,9 @@ class DSV41AttnBackend(AttentionBackend):
         floors = getattr(fb, "dsv41_floors", None) or [0] * len(seq_lens)
         if fb.positions is not None and not torch.equal(fb.positions.long().cpu(), rows.pos):
             raise RuntimeError("dsv41 backend: batch positions are not [prefix, seq) per request")
-        self.context = BatchContext(rows=rows, req_pool=fb.req_pool_indices.long().cpu(),
+        # Kept on the batch, not the backend: SGLang may prepare the next batch's metadata
+        # while this one is still running (overlap scheduling).
+        fb.dsv41_context = BatchContext(rows=rows, req_pool=fb.req_pool_indices.long().cpu(),
                                     req_to_token=self.req_to_token, seq_lens=seq_lens,
                                     floors=list(floors), out_loc=fb.out_cache_loc.long().cpu())
 

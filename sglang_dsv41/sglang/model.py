@@ -2,12 +2,8 @@
 
 Parameters are the reference's modules (`layers.block.Block`: MqaAttentionBase with the
 role-specific compressor / indexer, FFN, norms), named as in the checkpoint, so one definition of
-each formula serves both. The forward is the reference's layer loop with the cached attention of
-`serving_attention` and the batch metadata the `dsv41` backend builds for this forward.
-
-Bounded replay (DESIGN.md 5): at the first decoder layer, rows of a request below its floor are
-dropped after the decoder's Full layer has taken its attention input over all rows (its
-compressor runs over every token); hidden states of dropped rows are zero and their logits unused.
+each formula serves both. The forward is `layer_loop.run_layers` (the reference's layer loop with cached attention) over
+the batch metadata the `dsv41` backend built for this forward, then SGLang's logits processor.
 """
 from __future__ import annotations
 
@@ -23,7 +19,7 @@ from sglang_dsv41.layers.block import Block
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.residual import build_residual
 from sglang_dsv41.sglang import runtime
-from sglang_dsv41.sglang.serving_attention import attention_layer
+from sglang_dsv41.sglang.layer_loop import run_layers
 from sglang_dsv41.sglang.weights import load_named
 
 logger = logging.getLogger(__name__)
@@ -51,33 +47,8 @@ class DeepseekV41ForCausalLM(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):
-        backend = get_attn_backend()
-        ctx, pool = backend.context, backend.token_to_kv_pool
-        cfg = self.cfg
-        rows = ctx.rows
-        state = self.residual.init(self.embed(input_ids))
-        floors = ctx.row_floors(rows)
-        replaying = bool((rows.pos < floors).any())
-        zero = torch.zeros_like(floors)
-        for i, block in enumerate(self.layers):
-            x_all = rows_all = None
-            if i == cfg.decoder_start and replaying:
-                x_all, rows_all = self.residual.attn_input(state, block), rows
-                keep = rows.pos >= floors
-                state = self.residual.select(state, keep.nonzero().flatten())
-                rows = rows.select(keep)
-                floors = ctx.row_floors(rows)
-            floor = floors if i >= cfg.decoder_start else zero[: rows.n]
-            x = self.residual.attn_input(state, block)
-            y = attention_layer(block.attn, x, rows, ctx, pool, floor, x_all, rows_all)
-            if rows.n == 0:
-                continue
-            state = self.residual.attn_done(state, block, y)
-            state = self.residual.ffn_done(state, block,
-                                           block.ffn(self.residual.ffn_input(state, block)))
-        h = torch.zeros(ctx.rows.n, cfg.hidden_size, dtype=self.head.weight.dtype)
-        if rows.n:
-            h[rows.ids] = self.norm(self.residual.final(state)).to(h.dtype)
+        pool = get_attn_backend().token_to_kv_pool
+        h = run_layers(self, input_ids, forward_batch.dsv41_context, pool)
         return self.logits_processor(input_ids, h, self.head, forward_batch)
 
 

@@ -2,6 +2,9 @@
 provider), so that `--model-path DIR --device cpu` needs no other flag.
 
     attention backend   dsv41 (prefill and decode)
+    dtype               the checkpoint's torch_dtype when --dtype is auto (SGLang would turn an
+                        fp32 checkpoint into fp16; the tiny model is fp32 and must stay so to
+                        match the reference)
     page size           2 when odd: a ratio-2 entry's two tokens share a page, so radix hits
                         end on entry boundaries and the entry's row is slot // 2
 """
@@ -21,6 +24,8 @@ def server_defaults(server_args, hf_config) -> dict:
             raise ValueError(f"--{name.replace('_', '-')} {value}: DeepseekV41ForCausalLM is "
                              f"served by the '{BACKEND_NAME}' backend of sglang_dsv41")
         out[name] = BACKEND_NAME
+    if getattr(server_args, "dtype", "auto") == "auto":
+        out["dtype"] = str(hf_config.dsv41().torch_dtype).replace("torch.", "")
     if int(cfg.page_size or 1) % 2:
         out["page_size"] = 2
     return out

@@ -1,0 +1,44 @@
+"""The model's layer loop over a served batch (pure torch; the model class wraps it for SGLang).
+
+The reference's loop (reference/model.py) with cached attention: `serving_attention` reads and
+writes the pool through the batch context. Bounded replay (DESIGN.md 5): at the first decoder
+layer, rows of a request below its floor are dropped after the decoder's Full layer has taken
+its attention input over every row (its compressor runs over all tokens); dropped rows come out
+as zero hidden states (their logits are never used).
+"""
+from __future__ import annotations
+
+import torch
+
+from sglang_dsv41.sglang.context import BatchContext
+from sglang_dsv41.sglang.serving_attention import attention_layer
+
+
+def run_layers(model, input_ids: torch.Tensor, ctx: BatchContext, pool) -> torch.Tensor:
+    """model: has cfg, embed, layers (Blocks), norm, residual. input_ids int64 [T] (the batch
+    rows in order) -> final normed hidden states [T, hidden] (zeros for rows dropped by replay)."""
+    cfg = model.cfg
+    rows = ctx.rows
+    state = model.residual.init(model.embed(input_ids))
+    floors = ctx.row_floors(rows)
+    replaying = bool((rows.pos < floors).any())
+    for i, block in enumerate(model.layers):
+        x_all = rows_all = None
+        if i == cfg.decoder_start and replaying:
+            x_all, rows_all = model.residual.attn_input(state, block), rows
+            keep = rows.pos >= floors
+            state = model.residual.select(state, keep.nonzero().flatten())
+            rows = rows.select(keep)
+            floors = floors[keep]
+        floor = floors if i >= cfg.decoder_start else torch.zeros_like(floors)
+        x = model.residual.attn_input(state, block)
+        y = attention_layer(block.attn, x, rows, ctx, pool, floor, x_all, rows_all)
+        if rows.n == 0:
+            continue
+        state = model.residual.attn_done(state, block, y)
+        state = model.residual.ffn_done(state, block,
+                                        block.ffn(model.residual.ffn_input(state, block)))
+    h = torch.zeros(ctx.rows.n, cfg.hidden_size, dtype=model.head.weight.dtype)
+    if rows.n:
+        h[rows.ids] = model.norm(model.residual.final(state)).to(h.dtype)
+    return h

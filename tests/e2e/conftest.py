@@ -1,0 +1,65 @@
+"""End-to-end fixtures: one tiny checkpoint per session, one server per configuration (module
+scope), and the reference's greedy outputs (computed once per prompt and replay mode)."""
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from e2e.server import Server
+
+MAX_NEW = 6
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt") / "tiny"
+    subprocess.run([sys.executable, "-m", "sglang_dsv41.tools.make_checkpoint", "--preset", "tiny",
+                    "--out", str(out)], check=True, capture_output=True, timeout=300)
+    return str(out)
+
+
+def prompt_set(vocab: int, seed: int = 1234) -> list:
+    """20 prompts: lengths around and far beyond the tiny model's window (16), top-k (8
+    entries = 16 tokens at ratio 2) and candidate pool (12 blocks x 4 = 48 positions)."""
+    lengths = [1, 2, 3, 8, 15, 16, 17, 31, 33, 48, 49, 64, 97, 128, 150, 201, 256, 300, 333, 400]
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+class Oracle:
+    def __init__(self, path: str):
+        from sglang_dsv41.reference import load_reference
+
+        self.model = load_reference(path)
+        self.vocab = self.model.cfg.vocab_size
+
+    @functools.lru_cache(maxsize=None)
+    def _gen(self, ids: tuple, n: int, replay: bool) -> tuple:
+        return tuple(self.model.generate(list(ids), n, replay=replay))
+
+    def generate(self, ids, n: int = MAX_NEW, replay: bool = False) -> list:
+        return list(self._gen(tuple(ids), n, replay))
+
+
+@pytest.fixture(scope="session")
+def oracle(tiny_dir):
+    return Oracle(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def prompts(oracle):
+    return prompt_set(oracle.vocab)
+
+
+def start_server(tmp_path_factory, tiny_dir, name: str, *args) -> Server:
+    log = tmp_path_factory.mktemp("logs") / f"{name}.log"
+    return Server(tiny_dir, str(log), args)
+
+
+def pytest_configure(config):
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
