@@ -22,8 +22,8 @@ from sglang_dsv41.kv.records import Layout, record_bytes
 
 H, D, W, TOPK = 64, 512, 128, 512
 DEV = torch.device("cuda")
-CONFIGS = [  # (block_n, num_warps, num_stages)
-    (32, 8, 1), (16, 8, 1), (64, 8, 1),
+CONFIGS = [  # (block_h, block_n, num_warps, num_stages)
+    (64, 32, 8, 1), (16, 16, 4, 1), (16, 32, 4, 1), (16, 32, 4, 2), (32, 32, 8, 1),
 ]
 
 
@@ -82,7 +82,8 @@ def ours_decode(B, layout, cfg=None):
     q = torch.randn(B, H, D, device=DEV, dtype=torch.bfloat16)
     sink = torch.randn(H, device=DEV)
     out = torch.empty(B, H, D, device=DEV, dtype=torch.bfloat16)
-    launch = {} if cfg is None else dict(block_n=cfg[0], num_warps=cfg[1], num_stages=cfg[2])
+    launch = {} if cfg is None else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2],
+                                               num_stages=cfg[3])
     fn = lambda: sparse_attention(q, swa, swa_slots, kv, topk_slots, layout, sink, out=out,  # noqa
                                   **launch)
     fn()
@@ -147,7 +148,8 @@ def ours_prefill(T, layout, cfg=None, ctx_tokens=16384):
     q = torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16)
     sink = torch.randn(H, device=DEV)
     out = torch.empty(T, H, D, device=DEV, dtype=torch.bfloat16)
-    launch = {} if cfg is None else dict(block_n=cfg[0], num_warps=cfg[1], num_stages=cfg[2])
+    launch = {} if cfg is None else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2],
+                                               num_stages=cfg[3])
     fn = lambda: sparse_attention(q, swa, swa_slots, kv, topk_slots, layout, sink, out=out,  # noqa
                                   **launch)
     fn()

@@ -219,7 +219,8 @@ def pick_splits(T: int, head_blocks: int, n_tiles: int, device: torch.device) ->
 
 def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink,
                      scale: float, out: torch.Tensor, num_splits: int | None = None,
-                     block_n: int = 32, num_warps: int = 8, num_stages: int = 1):
+                     block_h: int | None = None, block_n: int = 32,
+                     num_warps: int | None = None, num_stages: int = 1):
     """Launch; arguments as validated by `kernels.sparse_attn.sparse_attention`.
 
     q [T, H, D] bf16 (last dim contiguous); swa_flat uint8 [S, D + D/32] and swa_slots int32
@@ -230,7 +231,12 @@ def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, 
     if T == 0:
         return out
     W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
-    BH = min(64, max(16, triton.next_power_of_2(H)))
+    BH = block_h or min(64, max(16, triton.next_power_of_2(H)))
+    if block_h is None and T * triton.cdiv(H, 64) < 8:
+        # Too few tokens to fill the GPU: 16-head programs (4 warps, no register spills) give 4x
+        # the programs; measured 14.3 vs 18.8 us at batch 1 (benchmarks/RESULTS.md).
+        BH = 16
+    num_warps = num_warps or (4 if BH <= 16 else 8)
     head_blocks = triton.cdiv(H, BH)
     n_tiles = triton.cdiv(W, block_n) + triton.cdiv(TOPK, block_n)
     ns = num_splits or pick_splits(T, head_blocks, n_tiles, q.device)
