@@ -16,14 +16,16 @@ import json
 
 import torch
 import triton
+import triton.language as tl
 
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
+from sglang_dsv41.kernels.sparse_attn import triton as sa
 from sglang_dsv41.kv.records import Layout, record_bytes
 
 H, D, W, TOPK = 64, 512, 128, 512
 DEV = torch.device("cuda")
 CONFIGS = [  # (block_h, block_n, num_warps, num_stages)
-    (64, 32, 8, 1), (16, 16, 4, 1), (16, 32, 4, 1), (16, 32, 4, 2), (32, 32, 8, 1),
+    (64, 32, 8, 1), (64, 64, 8, 1), (64, 16, 8, 1), (16, 32, 4, 1),
 ]
 
 
@@ -170,6 +172,57 @@ def flashmla_prefill(T, ctx_tokens=16384):
     return bench(fn)
 
 
+@triton.jit
+def _ablate_kernel(q_ptr, kv_ptr, kv_stride, idx_ptr, o_ptr, N, qk_scale,
+                   D: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr):
+    """Prefill-shaped FP4 attention over N entries per token with stages left out (timing only).
+
+    MODE 0: everything; 1: gather + dequantize, no MMA/softmax; 2: MMA + softmax on a synthetic
+    tile, no gather/dequantize; 3: gather only.
+    """
+    i_t = tl.program_id(0).to(tl.int64)
+    o_h = tl.arange(0, BH)
+    o_d = tl.arange(0, D)
+    b_q = tl.load(q_ptr + i_t * BH * D + o_h[:, None] * D + o_d[None, :])  # [BH, D]
+    m_i = tl.full([BH], -1e30, tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, D], tl.float32)
+    keep = tl.zeros([D], tl.float32)
+    n_t = tl.cdiv(N, BN)
+    for u in range(0, n_t):
+        idx = sa._load_idx(idx_ptr + i_t * N, u, N, BN)
+        if MODE == 2:
+            b_k = ((idx[:, None] + o_d[None, :]) & 7).to(tl.bfloat16)
+        else:
+            b_v, b_s = sa._raw_v41_fp4(kv_ptr, kv_stride, idx, D)
+            if MODE == 3:
+                keep += tl.sum(tl.sum(tl.sum(b_v.to(tl.float32), 2), 1), 0)
+                b_k = tl.zeros([BN, D], tl.bfloat16)
+            else:
+                b_k = sa._deq_v41_fp4(b_v, b_s, D, BN, tl.bfloat16)
+        if MODE == 0 or MODE == 2:
+            m_i, l_i, acc = sa._attend_tile(b_q, b_k, idx >= 0, m_i, l_i, acc, qk_scale)
+        elif MODE == 1:
+            keep += tl.sum(b_k.to(tl.float32), 0)
+    o = acc / l_i[:, None] + keep[None, :]
+    tl.store(o_ptr + i_t * BH * D + o_h[:, None] * D + o_d[None, :], o.to(tl.bfloat16))
+
+
+def ablation(T: int = 4096, N: int = 640) -> dict:
+    """us per call of _ablate_kernel in each MODE (BH 64, BN 32, 8 warps, FP4 records)."""
+    kv = random_records(T * 2, 288)
+    idx = torch.randint(0, T * 2, (T, N), device=DEV, dtype=torch.int32)
+    q = torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16)
+    o = torch.empty_like(q)
+    res = {}
+    for mode, name in enumerate(["full", "no_mma", "no_gather_dequant", "gather_only"]):
+        fn = lambda: _ablate_kernel[(T,)](q, kv, kv.stride(0), idx, o, N, 0.06, D=D, BH=H,  # noqa
+                                          BN=32, MODE=mode, num_warps=8)
+        fn()
+        res[name] = bench(fn)
+    return res
+
+
 def _try(fn, *args):
     try:
         return fn(*args)
@@ -183,6 +236,7 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="time every launch config")
     ap.add_argument("--prefill-tokens", type=int, default=4096)
+    ap.add_argument("--ablate", action="store_true", help="time kernel stages left out")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
            "torch": torch.__version__}
@@ -198,6 +252,10 @@ def main():
             res["sweep"][str(cfg)] = row
             print("sweep (graph us: decode 1/8/32/128, prefill)", cfg,
                   " ".join(f"{t:8.1f}" for t in row))
+
+    if args.ablate:
+        res["ablation"] = ab = _try(ablation)
+        print("ablation (us, prefill 4096 x 640 FP4):", ab)
 
     rows = []
     for B in batches:

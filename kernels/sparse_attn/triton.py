@@ -24,10 +24,10 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_idx(p_idx, u, n, hi, BN: tl.constexpr):
-    """Slots of tile u of a segment of n entries ([BN] int32, -1 beyond n or when u >= hi)."""
+def _load_idx(p_idx, u, n, BN: tl.constexpr):
+    """Slots of tile u of a segment of n entries: [BN] int32, -1 beyond n."""
     o = u * BN + tl.arange(0, BN)
-    return tl.load(p_idx + o, mask=(o < n) & (u < hi), other=-1)
+    return tl.load(p_idx + o, mask=o < n, other=-1)
 
 
 @triton.jit
@@ -128,38 +128,22 @@ def _sparse_attn_kernel(
     per = tl.cdiv(n_tiles, NUM_SPLITS)
     u0 = i_s * per
     u1 = tl.minimum(u0 + per, n_tiles)
-    # Each loop prefetches the next tile's bytes and the slots two tiles ahead, so the gather
-    # latency overlaps the current tile's math (one program per SM: no other warps hide it).
-    hi = tl.minimum(u1, n_sw)
-    p_idx = swa_idx_ptr + i_t * stride_swt
-    idx = _load_idx(p_idx, u0, W, hi, BN)
-    idx_n = _load_idx(p_idx, u0 + 1, W, hi, BN)
-    b_v, b_s = _raw_v41(swa_ptr, swa_stride, idx, D)
-    for u in range(u0, hi):
-        idx_nn = _load_idx(p_idx, u + 2, W, hi, BN)
-        n_v, n_s = _raw_v41(swa_ptr, swa_stride, idx_n, D)
-        b_k = _deq_v41(b_v, b_s, D, BN, DT)
-        m_i, l_i, acc = _attend_tile(b_q, b_k, idx >= 0, m_i, l_i, acc, qk_scale)
-        b_v, b_s, idx, idx_n = n_v, n_s, idx_n, idx_nn
-    lo = tl.maximum(u0, n_sw) - n_sw
-    hi = u1 - n_sw
-    p_idx = kv_idx_ptr + i_t * stride_kvt
-    idx = _load_idx(p_idx, lo, TOPK, hi, BN)
-    idx_n = _load_idx(p_idx, lo + 1, TOPK, hi, BN)
-    if KV_FP4:
-        b_v, b_s = _raw_v41_fp4(kv_ptr, kv_stride, idx, D)
-    else:
-        b_v, b_s = _raw_v41(kv_ptr, kv_stride, idx, D)
-    for u in range(lo, hi):
-        idx_nn = _load_idx(p_idx, u + 2, TOPK, hi, BN)
-        if KV_FP4:
-            n_v, n_s = _raw_v41_fp4(kv_ptr, kv_stride, idx_n, D)
-            b_k = _deq_v41_fp4(b_v, b_s, D, BN, DT)
+    # One loop over the split's tiles; a tile comes from the SWA segment or the top-k segment.
+    # (Two consecutive loops made ptxas spill ~900 B/thread; one loop with a branch spills none.)
+    for u in range(u0, u1):
+        if u < n_sw:
+            idx = _load_idx(swa_idx_ptr + i_t * stride_swt, u, W, BN)
+            s_v, s_s = _raw_v41(swa_ptr, swa_stride, idx, D)
+            b_k = _deq_v41(s_v, s_s, D, BN, DT)
         else:
-            n_v, n_s = _raw_v41(kv_ptr, kv_stride, idx_n, D)
-            b_k = _deq_v41(b_v, b_s, D, BN, DT)
+            idx = _load_idx(kv_idx_ptr + i_t * stride_kvt, u - n_sw, TOPK, BN)
+            if KV_FP4:
+                f_v, f_s = _raw_v41_fp4(kv_ptr, kv_stride, idx, D)
+                b_k = _deq_v41_fp4(f_v, f_s, D, BN, DT)
+            else:
+                k_v, k_s = _raw_v41(kv_ptr, kv_stride, idx, D)
+                b_k = _deq_v41(k_v, k_s, D, BN, DT)
         m_i, l_i, acc = _attend_tile(b_q, b_k, idx >= 0, m_i, l_i, acc, qk_scale)
-        b_v, b_s, idx, idx_n = n_v, n_s, idx_n, idx_nn
 
     p_o = o_ptr + i_t * stride_ot + i_s * stride_os + o_h[:, None] * stride_oh + o_d[None, :]
     if SPLIT:
