@@ -64,6 +64,19 @@ def bench(fn, rep=200):
     return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3  # us
 
 
+def bench_graph(fn, rep=100):
+    """Median of CUDA-graph replays (no launch gaps; L2 not flushed between replays)."""
+    return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e3
+
+
+def with_select(mode, fn):
+    old, ops.SELECT = ops.SELECT, mode
+    try:
+        return fn()
+    finally:
+        ops.SELECT = old
+
+
 def bench_slow(fn, n=3):
     fn()
     torch.cuda.synchronize()
@@ -137,6 +150,12 @@ def main():
                                                                         pool_blocks=2048))}
         bscores = ops.block_scores(*a, force_newest=True)
         row["select_2048_blocks_us"] = bench(lambda: ops.select_blocks(bscores, 2048))
+        row["select_2048_blocks_torch_us"] = with_select(
+            "torch", lambda: bench(lambda: ops.select_blocks(bscores, 2048)))
+        row["candidate_source_torchsel_us"] = with_select("torch", lambda: bench(
+            lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048)))
+        row["candidate_source_graph_us"] = bench_graph(
+            lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048))
         row["scan_TBps"] = T * n_big * REC / (row["scan_us"] * 1e-6) / 1e12
         res["full"].append(row)
         print("full", row, flush=True)
@@ -153,6 +172,9 @@ def main():
             pool = random_pool(T, n)
             row = {"T": T, "N": n,
                    "pooled_us": bench(lambda: ops.reindex(*a, pool, topk=512)),
+                   "pooled_graph_us": bench_graph(lambda: ops.reindex(*a, pool, topk=512)),
+                   "pooled_torchsel_us": with_select("torch", lambda: bench(
+                       lambda: ops.reindex(*a, pool, topk=512))),
                    "pool_scores_us": bench(lambda: ops.pool_scores(*a, pool))}
             if not (args.quick and n > (1 << 16)):
                 row["torch_mask_topk_us"] = bench_slow(lambda: ref.reindex_ref(*a, pool, 512))
@@ -162,26 +184,34 @@ def main():
             torch.cuda.empty_cache()
     for T in (1, 32):
         t = {r["N"]: r for r in res["reindex"] if r["T"] == T}
-        res[f"reindex_ratio_1M_64K_T{T}"] = t[1 << 20]["pooled_us"] / t[1 << 16]["pooled_us"]
+        for key in ("pooled_us", "pooled_graph_us"):
+            res[f"reindex_ratio_1M_64K_T{T}_{key}"] = t[1 << 20][key] / t[1 << 16][key]
 
     with open(os.path.join(args.out, "bench_indexer.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, commit {res['commit']}")
     print(f"scan launch shape {res['scan_tuning']}")
-    print("| T | N | scan us | floor us | scan TB/s | select 2048 us | full_topk us | cand_src us |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| T | N | scan us | floor us | scan TB/s | select 2048 us (torch.topk) | full_topk us |"
+          " cand_src us (torch.topk sel) | cand_src graph us |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in res["full"]:
         print(f"| {r['T']} | {r['N']} | {r['scan_us']:.1f} | {r['floor_us']:.1f} | "
-              f"{r['scan_TBps']:.2f} | {r['select_2048_blocks_us']:.1f} | "
-              f"{r['full_topk_us']:.1f} | {r['candidate_source_us']:.1f} |")
-    print("| T | N | pooled reindex us | pool_scores us | torch mask-and-topk us |")
-    print("|---|---|---|---|---|")
+              f"{r['scan_TBps']:.2f} | {r['select_2048_blocks_us']:.1f} "
+              f"({r['select_2048_blocks_torch_us']:.1f}) | {r['full_topk_us']:.1f} | "
+              f"{r['candidate_source_us']:.1f} ({r['candidate_source_torchsel_us']:.1f}) | "
+              f"{r['candidate_source_graph_us']:.1f} |")
+    print("| T | N | pooled reindex us | graph us | torch.topk sel us | pool_scores us |"
+          " torch mask-and-topk us |")
+    print("|---|---|---|---|---|---|---|")
     for r in res["reindex"]:
         tm = r.get("torch_mask_topk_us")
-        print(f"| {r['T']} | {r['N']} | {r['pooled_us']:.1f} | {r['pool_scores_us']:.1f} | "
+        print(f"| {r['T']} | {r['N']} | {r['pooled_us']:.1f} | {r['pooled_graph_us']:.1f} | "
+              f"{r['pooled_torchsel_us']:.1f} | {r['pool_scores_us']:.1f} | "
               f"{'%.0f' % tm if tm else '-'} |")
     for T in (1, 32):
-        print(f"t(1M)/t(64K) batch {T}: {res[f'reindex_ratio_1M_64K_T{T}']:.3f}")
+        print(f"t(1M)/t(64K) batch {T}: eager "
+              f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_us']:.3f}, graph "
+              f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_graph_us']:.3f}")
 
 
 if __name__ == "__main__":

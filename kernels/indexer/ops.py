@@ -14,6 +14,7 @@ import os
 import torch
 import triton
 
+from sglang_dsv41.kernels.indexer.select import topk_rows
 from sglang_dsv41.kernels.indexer.triton import _pool_kernel, _scan_kernel
 
 NEG_INF = float("-inf")
@@ -21,13 +22,9 @@ BLOCK = 8
 # Launch shapes (entries per tile, tiles per program, warps); benchmarks/bench_indexer.py sweeps.
 TUNING = {"scan": {"bn": 128, "tiles": 8, "num_warps": 8},
           "pool": {"bn": 128, "tiles": 4, "num_warps": 8}}
+# "triton": kernels/indexer/select.py; "torch": torch.topk (kept for comparison in the benchmark)
+SELECT = "triton"
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def nibble_major(qI: torch.Tensor) -> torch.Tensor:
-    """bf16 [T, HI, DI] -> bf16 [T, 8, DI/8, HI] with out[t, j, i, h] = qI[t, h, 8 i + j]."""
-    T, HI, DI = qI.shape
-    return qI.to(torch.bfloat16).view(T, HI, DI // 8, 8).permute(0, 3, 2, 1).contiguous()
 
 
 def _prep(qI, w, index_k, page_table, req_ids, n_visible):
@@ -36,7 +33,7 @@ def _prep(qI, w, index_k, page_table, req_ids, n_visible):
     assert index_k.dtype == torch.uint8 and index_k.shape[1] == DI // 2 + DI // 32
     assert index_k.is_contiguous() and index_k.storage_offset() % 4 == 0
     assert w.shape == (T, HI) and req_ids.shape == (T,) and n_visible.shape == (T,)
-    q = nibble_major(qI)  # FP4 fake-quant values are exact in bf16
+    q = qI.to(torch.bfloat16).contiguous()  # FP4 fake-quant values are exact in bf16
     w = w.to(torch.float32).contiguous()
     pt = page_table.to(torch.int32).contiguous()
     return (q, w, index_k.view(torch.int32), pt, req_ids.to(torch.int32).contiguous(),
@@ -93,6 +90,8 @@ def _pad(ids: torch.Tensor, width: int) -> torch.Tensor:
 
 def select_blocks(bscores: torch.Tensor, n_blocks: int) -> torch.Tensor:
     """Top blocks of bscores fp32 [T, NBLK]: int32 [T, n_blocks], -1 for -inf / padding."""
+    if SELECT == "triton":
+        return topk_rows(bscores, n_blocks)
     k = min(n_blocks, bscores.shape[1])
     vals, idx = torch.topk(bscores, k, dim=1, sorted=False)
     ids = torch.where(vals > NEG_INF, idx, torch.full_like(idx, -1)).to(torch.int32)
@@ -101,6 +100,8 @@ def select_blocks(bscores: torch.Tensor, n_blocks: int) -> torch.Tensor:
 
 def select_in_blocks(scores: torch.Tensor, blocks: torch.Tensor, topk: int) -> torch.Tensor:
     """Top entries of pool scores fp32 [T, NB * 8] over blocks [T, NB]: int32 [T, topk], -1 pad."""
+    if SELECT == "triton":
+        return topk_rows(scores, topk, blocks=blocks)
     k = min(topk, scores.shape[1])
     vals, idx = torch.topk(scores, k, dim=1, sorted=False)  # [T, k]
     ids = blocks.to(torch.int64).gather(1, idx // BLOCK) * BLOCK + idx % BLOCK

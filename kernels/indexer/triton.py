@@ -23,8 +23,9 @@ import triton.language as tl
 
 @triton.jit
 def _dot_slice(b_v, p_q, b_acc, HI: tl.constexpr, W: tl.constexpr, DOT_F32: tl.constexpr):
-    """b_acc [BN, HI] += b_v fp32 [BN, W] @ q slice bf16 [W, HI] at p_q (row-major)."""
-    b_q = tl.load(p_q + tl.arange(0, W)[:, None] * HI + tl.arange(0, HI)[None, :])  # [W, HI]
+    """b_acc [BN, HI] += b_v fp32 [BN, W] @ q slice bf16 [W, HI], b_q[i, h] = p_q[h * 8 W + 8 i]
+    (nibble slice j of the query when p_q points at element j of q [HI, DI = 8 W])."""
+    b_q = tl.load(p_q + tl.arange(0, W)[:, None] * 8 + tl.arange(0, HI)[None, :] * (8 * W))
     if DOT_F32:
         return tl.dot(b_v, b_q.to(tl.float32), b_acc, input_precision="ieee")
     return tl.dot(b_v.to(tl.bfloat16), b_q, b_acc)
@@ -36,10 +37,9 @@ def _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI: tl.constexpr, BN: tl.cons
     """Scores of BN entries: fp32 [BN] (garbage where ~m_n; callers mask).
 
     rec_ptr: int32 view of the pool, DI/8 code words + DI/128 scale words per record; o_slot
-    int64 [BN]; qp_ptr: this query's bf16 [8, DI/8, HI] nibble-major queries (qp[j, i, h] =
-    q[h, 8 i + j], see ops.nibble_major); b_w fp32 [HI]. Word i of a record holds values
-    8 i .. 8 i + 7 (nibble j = value 8 i + j), so nibble position j of all DI/8 words is one
-    K = DI/8 slice of the dot: no reshapes. DOT_F32: fp32 dot, only for TRITON_INTERPRET
+    int64 [BN]; qp_ptr: this query's bf16 [HI, DI]; b_w fp32 [HI]. Word i of a record holds
+    values 8 i .. 8 i + 7 (nibble j = value 8 i + j), so nibble position j of all DI/8 words is
+    one K = DI/8 slice of the dot against q[:, j::8]: no reshapes. DOT_F32: fp32 dot, only for TRITON_INTERPRET
     (whose bf16 dot is wrong); on the GPU each bf16 product is exact, fp32 accumulated.
     """
     WPR: tl.constexpr = DI // 8 + DI // 128  # int32 words per record (17 at DI=128)
@@ -58,8 +58,8 @@ def _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI: tl.constexpr, BN: tl.cons
         b_bits = ((b_c << 9) & 0x0E000E00) | ((b_c << 12) & -2147450880)  # 0x80008000
         b_lo = b_bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * b_scale
         b_hi = (b_bits >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * b_scale
-        b_acc = _dot_slice(b_lo, qp_ptr + j * W * HI, b_acc, HI, W, DOT_F32)
-        b_acc = _dot_slice(b_hi, qp_ptr + (j + 4) * W * HI, b_acc, HI, W, DOT_F32)
+        b_acc = _dot_slice(b_lo, qp_ptr + j, b_acc, HI, W, DOT_F32)
+        b_acc = _dot_slice(b_hi, qp_ptr + (j + 4), b_acc, HI, W, DOT_F32)
     return tl.sum(tl.maximum(b_acc, 0.0) * b_w[None, :], axis=1)  # [BN]
 
 # P is never specialized: Triton 3.6 derives 16-divisibility for a contiguous run of slots from a

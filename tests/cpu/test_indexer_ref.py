@@ -119,6 +119,17 @@ for seed, (T, B, n, P) in enumerate([(4, 3, 300, 16), (3, 2, 45, 8)]):
         tt.check_selection(pool, rpool, tt.block_key(s, c["n_visible"]), tol, "pool")
     r = ops.reindex(*a, rpool, topk=16)
     tt.check_selection(r, ref.reindex_ref(*a, rpool, topk=16), tt.pool_key(s, rpool), tol)
+from sglang_dsv41.kernels.indexer.select import topk_rows
+from sglang_dsv41.layers.index_math import topk_indices
+v = torch.randn(3, 700)
+v[0, ::3] = float("-inf")
+v[2] = torch.round(v[2] * 2) / 2  # ties: the lower index wins, as in the oracle
+for k in (5, 100):
+    ids = topk_rows(v, k, chunk=256)  # three chunks, then a merge round
+    r = topk_indices(v, v > float("-inf"), k)
+    for t in range(3):
+        assert sorted(x for x in ids[t].tolist() if x >= 0) == sorted(
+            x for x in r[t].tolist() if x >= 0)
 print("INTERPRETER_OK")
 """
 
