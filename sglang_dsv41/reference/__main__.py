@@ -23,11 +23,16 @@ def main(argv=None) -> int:
     ap.add_argument("--no-replay", action="store_true",
                     help="full forward instead of decoder SWA bounded replay")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: 1 for models narrower than 1024, "
+                         "where more threads only add contention; else torch's default)")
     args = ap.parse_args(argv)
 
     from sglang_dsv41.reference import load_reference
 
     model = load_reference(args.model, getattr(torch, args.dtype))
+    if args.threads or model.cfg.hidden_size < 1024:
+        torch.set_num_threads(args.threads or 1)
     tok = None
     if args.prompt is not None:
         from transformers import AutoTokenizer
