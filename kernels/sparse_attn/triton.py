@@ -218,7 +218,7 @@ def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, 
     BH = block_h or min(64, max(16, triton.next_power_of_2(H)))
     if block_h is None and T * triton.cdiv(H, 64) < 8:
         # Too few tokens to fill the GPU: 16-head programs (4 warps, no register spills) give 4x
-        # the programs; measured 14.3 vs 18.8 us at batch 1 (benchmarks/RESULTS.md).
+        # the programs; measured 14.1 vs 17.0 us at batch 1 (benchmarks/RESULTS.md).
         BH = 16
     num_warps = num_warps or (4 if BH <= 16 else 8)
     head_blocks = triton.cdiv(H, BH)
