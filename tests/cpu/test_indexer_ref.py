@@ -96,8 +96,8 @@ _INTERP = r"""
 import torch
 from sglang_dsv41.kernels.indexer import ops, ref, testing as tt
 from sglang_dsv41.kv.records import pack_index_k
-ops.TUNING["scan"].update(bn=32, tiles=2, num_warps=4)
-ops.TUNING["pool"].update(bn=32, tiles=2, num_warps=4)
+ops.TUNING["scan"].update(bn=64, tiles=8, num_warps=4)
+ops.TUNING["pool"].update(bn=64, tiles=4, num_warps=4)
 for seed, (T, B, n, P) in enumerate([(4, 3, 300, 16), (3, 2, 45, 8)]):
     c = tt.random_case(T, B, n, P, seed=seed)
     if seed == 0:  # real records from the codec, not random bytes
@@ -111,7 +111,7 @@ for seed, (T, B, n, P) in enumerate([(4, 3, 300, 16), (3, 2, 45, 8)]):
         assert torch.equal(torch.isinf(out), torch.isinf(key))
         assert torch.equal(out == float("inf"), key == float("inf"))
         assert ((out[fin] - key[fin]).abs() <= tol[:, None].expand_as(key)[fin]).all()
-    tt.check_selection(ops.full_topk(*a, topk=40), ref.full_topk_ref(*a, topk=40), s, tol)
+    tt.check_selection(ops.full_topk(*a, topk=20), ref.full_topk_ref(*a, topk=20), s, tol)
     for topk, nb in ((16, 8), (16, 2)):
         ids, pool = ops.candidate_source(*a, topk=topk, pool_blocks=nb)
         rids, rpool = ref.candidate_source_ref(*a, topk=topk, pool_blocks=nb)
@@ -124,6 +124,7 @@ from sglang_dsv41.layers.index_math import topk_indices
 v = torch.randn(3, 700)
 v[0, ::3] = float("-inf")
 v[2] = torch.round(v[2] * 2) / 2  # ties: the lower index wins, as in the oracle
+v[2, 7], v[2, 9] = -0.0, 0.0  # -0 ties with +0
 for k in (5, 100):
     ids = topk_rows(v, k, chunk=256)  # three chunks, then a merge round
     r = topk_indices(v, v > float("-inf"), k)
