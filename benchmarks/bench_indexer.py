@@ -100,6 +100,8 @@ def copy_rate():
 
 
 def commit():
+    if os.environ.get("DSV41_COMMIT"):
+        return os.environ["DSV41_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True).stdout.strip() or "unknown"
