@@ -24,8 +24,8 @@ from sglang_dsv41.kv.records import Layout, record_bytes
 
 H, D, W, TOPK = 64, 512, 128, 512
 DEV = torch.device("cuda")
-CONFIGS = [  # (block_h, block_n, num_warps, num_stages, split_d)
-    (64, 32, 8, 1, 1), (64, 16, 4, 1, 2), (64, 32, 8, 1, 2), (64, 32, 4, 1, 2),
+CONFIGS = [  # (block_h, block_n, num_warps, num_stages)
+    (64, 32, 8, 1), (64, 64, 8, 1), (64, 16, 8, 1), (16, 32, 4, 1),
 ]
 
 
@@ -85,7 +85,7 @@ def ours_decode(B, layout, cfg=None):
     sink = torch.randn(H, device=DEV)
     out = torch.empty(B, H, D, device=DEV, dtype=torch.bfloat16)
     launch = {} if cfg is None else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2],
-                                               num_stages=cfg[3], split_d=cfg[4])
+                                               num_stages=cfg[3])
     fn = lambda: sparse_attention(q, swa, swa_slots, kv, topk_slots, layout, sink, out=out,  # noqa
                                   **launch)
     fn()
@@ -151,7 +151,7 @@ def ours_prefill(T, layout, cfg=None, ctx_tokens=16384):
     sink = torch.randn(H, device=DEV)
     out = torch.empty(T, H, D, device=DEV, dtype=torch.bfloat16)
     launch = {} if cfg is None else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2],
-                                               num_stages=cfg[3], split_d=cfg[4])
+                                               num_stages=cfg[3])
     fn = lambda: sparse_attention(q, swa, swa_slots, kv, topk_slots, layout, sink, out=out,  # noqa
                                   **launch)
     fn()
@@ -194,14 +194,14 @@ def _ablate_kernel(q_ptr, kv_ptr, kv_stride, idx_ptr, o_ptr, N, qk_scale,
         if MODE == 2:
             b_k = ((idx[:, None] + o_d[None, :]) & 7).to(tl.bfloat16)
         else:
-            b_v, b_s = sa._raw_v41_fp4(kv_ptr, kv_stride, idx, D, 0, D // 16)
+            b_v, b_s = sa._raw_v41_fp4(kv_ptr, kv_stride, idx, D)
             if MODE == 3:
                 keep += tl.sum(tl.sum(tl.sum(b_v.to(tl.float32), 2), 1), 0)
                 b_k = tl.zeros([BN, D], tl.bfloat16)
             else:
                 b_k = sa._deq_v41_fp4(b_v, b_s, D, BN, tl.bfloat16)
         if MODE == 0 or MODE == 2:
-            m_i, l_i, acc = sa._attend_tile(b_q, b_k, b_k, idx >= 0, m_i, l_i, acc, qk_scale)
+            m_i, l_i, acc = sa._attend_tile(b_q, b_k, idx >= 0, m_i, l_i, acc, qk_scale)
         elif MODE == 1:
             keep += tl.sum(b_k.to(tl.float32), 0)
     o = acc / l_i[:, None] + keep[None, :]
@@ -237,7 +237,6 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="time every launch config")
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--ablate", action="store_true", help="time kernel stages left out")
-    ap.add_argument("--sweep-only", action="store_true", help="skip the FlashMLA comparison")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
            "torch": torch.__version__}
@@ -258,11 +257,6 @@ def main():
         res["ablation"] = ab = _try(ablation)
         print("ablation (us, prefill 4096 x 640 FP4):", ab)
 
-    if args.sweep_only:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(res, f, indent=1)
-        return
     rows = []
     for B in batches:
         p_fp4, g_fp4 = _try(ours_decode, B, Layout.V41_FP4)

@@ -31,10 +31,10 @@ def _load_idx(p_idx, u, n, BN: tl.constexpr):
 
 
 @triton.jit
-def _raw_v41(base, stride, idx, D: tl.constexpr, g0, NG: tl.constexpr):
-    """Raw V41 bytes of scale groups [g0, g0 + NG) (32 values each) at slots idx [BN]:
-    values uint8 [BN, NG, 32], scales uint8 [BN, NG]."""
-    o_g = g0 + tl.arange(0, NG)
+def _raw_v41(base, stride, idx, D: tl.constexpr):
+    """Raw V41 bytes at slots idx [BN]: values uint8 [BN, D/32, 32], scales uint8 [BN, D/32]."""
+    NG: tl.constexpr = D // 32
+    o_g = tl.arange(0, NG)
     o_j = tl.arange(0, 32)
     valid = idx >= 0
     p_row = base + idx.to(tl.int64) * stride  # [BN]
@@ -45,10 +45,10 @@ def _raw_v41(base, stride, idx, D: tl.constexpr, g0, NG: tl.constexpr):
 
 
 @triton.jit
-def _raw_v41_fp4(base, stride, idx, D: tl.constexpr, g0, NG: tl.constexpr):
-    """Raw V41_FP4 bytes of scale groups [g0, g0 + NG) (16 values each) at slots idx [BN]:
-    packed uint8 [BN, NG, 8], scales uint8 [BN, NG]."""
-    o_g = g0 + tl.arange(0, NG)
+def _raw_v41_fp4(base, stride, idx, D: tl.constexpr):
+    """Raw V41_FP4 bytes at slots idx [BN]: packed uint8 [BN, D/16, 8], scales uint8 [BN, D/16]."""
+    NG: tl.constexpr = D // 16
+    o_g = tl.arange(0, NG)
     o_j = tl.arange(0, 8)
     valid = idx >= 0
     p_row = base + idx.to(tl.int64) * stride  # [BN]
@@ -60,7 +60,7 @@ def _raw_v41_fp4(base, stride, idx, D: tl.constexpr, g0, NG: tl.constexpr):
 
 @triton.jit
 def _deq_v41(b_v, b_s, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
-    """V41 raw bytes [BN, D/32, 32] -> DT [BN, D]: e4m3 x 2^(byte - 127); exact in bf16."""
+    """V41 raw bytes -> DT [BN, D]: e4m3 x 2^(byte - 127); exact in bf16."""
     b_scale = (b_s.to(tl.int32) << 23).to(tl.float32, bitcast=True).to(DT)  # [BN, NG]
     b_k = b_v.to(tl.float8e4nv, bitcast=True).to(DT) * b_scale[:, :, None]
     return tl.reshape(b_k, (BN, D))
@@ -68,7 +68,7 @@ def _deq_v41(b_v, b_s, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def _deq_v41_fp4(b_v, b_s, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
-    """V41_FP4 raw bytes [BN, D/16, 8] -> DT [BN, D]: e2m1 x e4m3 scale per 16; exact in bf16.
+    """V41_FP4 raw bytes -> DT [BN, D]: e2m1 x e4m3 scale per 16; exact in bf16.
 
     An e2m1 code (s, e1 e0, m) placed at fp16 bits 15 and 11..9 is the fp16 number
     (-1)^s 2^(e-15) (1 + m/2) (subnormal when e = 0), i.e. the e2m1 value times 2^-14; the 2^14
@@ -83,16 +83,15 @@ def _deq_v41_fp4(b_v, b_s, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _attend_tile(b_q, b_k, b_v, valid, m_i, l_i, acc, qk_scale):
-    """Online-softmax step over one tile. b_q [BH, D], keys b_k [BN, D], values b_v [BN, DV]
-    (the program's output columns of the same records; b_v is b_k when DV = D), valid [BN]."""
+def _attend_tile(b_q, b_k, valid, m_i, l_i, acc, qk_scale):
+    """Online-softmax step over one K tile. b_q [BH, D], b_k [BN, D] (bf16), valid [BN]."""
     s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BH, BN], base-2 logits
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])  # [BH, BN]
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v)  # [BH, DV]
+    acc = acc * alpha[:, None] + tl.dot(p.to(b_k.dtype), b_k)  # [BH, D]
     return m_new, l_i, acc
 
 
@@ -107,18 +106,13 @@ def _sparse_attn_kernel(
     H, W, TOPK, qk_scale,
     D: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, KV_FP4: tl.constexpr,
     HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    NDV: tl.constexpr, DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
-    # NDV > 1 splits the D output columns over NDV programs (each still needs all of K for the
-    # logits): a 64 x D/NDV accumulator instead of 64 x D, so two CTAs fit on an SM.
     # DOT_FP32 only for TRITON_INTERPRET=1 (its bf16 dot is wrong); on GPUs the dots are bf16.
     DT: tl.constexpr = tl.float32 if DOT_FP32 else tl.bfloat16
     i_t = tl.program_id(0).to(tl.int64)
-    i_hb = tl.program_id(1) // NDV
-    i_dv = tl.program_id(1) % NDV
+    i_hb = tl.program_id(1)
     i_s = tl.program_id(2)
-    DV: tl.constexpr = D // NDV
-    o_dv = i_dv * DV + tl.arange(0, DV)
     o_h = i_hb * BH + tl.arange(0, BH)
     m_h = o_h < H
     o_d = tl.arange(0, D)
@@ -127,7 +121,7 @@ def _sparse_attn_kernel(
 
     m_i = tl.full([BH], -1e30, tl.float32)
     l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, DV], tl.float32)
+    acc = tl.zeros([BH, D], tl.float32)
 
     n_sw = tl.cdiv(W, BN)
     n_tiles = n_sw + tl.cdiv(TOPK, BN)
@@ -139,40 +133,24 @@ def _sparse_attn_kernel(
     for u in range(u0, u1):
         if u < n_sw:
             idx = _load_idx(swa_idx_ptr + i_t * stride_swt, u, W, BN)
-            s_v, s_s = _raw_v41(swa_ptr, swa_stride, idx, D, 0, D // 32)
+            s_v, s_s = _raw_v41(swa_ptr, swa_stride, idx, D)
             b_k = _deq_v41(s_v, s_s, D, BN, DT)
-            if NDV > 1:
-                sv_v, sv_s = _raw_v41(swa_ptr, swa_stride, idx, D, i_dv * (DV // 32), DV // 32)
-                b_vv = _deq_v41(sv_v, sv_s, DV, BN, DT)
-            else:
-                b_vv = b_k
         else:
             idx = _load_idx(kv_idx_ptr + i_t * stride_kvt, u - n_sw, TOPK, BN)
             if KV_FP4:
-                f_v, f_s = _raw_v41_fp4(kv_ptr, kv_stride, idx, D, 0, D // 16)
+                f_v, f_s = _raw_v41_fp4(kv_ptr, kv_stride, idx, D)
                 b_k = _deq_v41_fp4(f_v, f_s, D, BN, DT)
-                if NDV > 1:
-                    fv_v, fv_s = _raw_v41_fp4(kv_ptr, kv_stride, idx, D, i_dv * (DV // 16),
-                                              DV // 16)
-                    b_vv = _deq_v41_fp4(fv_v, fv_s, DV, BN, DT)
-                else:
-                    b_vv = b_k
             else:
-                k_v, k_s = _raw_v41(kv_ptr, kv_stride, idx, D, 0, D // 32)
+                k_v, k_s = _raw_v41(kv_ptr, kv_stride, idx, D)
                 b_k = _deq_v41(k_v, k_s, D, BN, DT)
-                if NDV > 1:
-                    kv_v, kv_s = _raw_v41(kv_ptr, kv_stride, idx, D, i_dv * (DV // 32), DV // 32)
-                    b_vv = _deq_v41(kv_v, kv_s, DV, BN, DT)
-                else:
-                    b_vv = b_k
-        m_i, l_i, acc = _attend_tile(b_q, b_k, b_vv, idx >= 0, m_i, l_i, acc, qk_scale)
+        m_i, l_i, acc = _attend_tile(b_q, b_k, idx >= 0, m_i, l_i, acc, qk_scale)
 
-    p_o = o_ptr + i_t * stride_ot + i_s * stride_os + o_h[:, None] * stride_oh + o_dv[None, :]
+    p_o = o_ptr + i_t * stride_ot + i_s * stride_os + o_h[:, None] * stride_oh + o_d[None, :]
     if SPLIT:
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         tl.store(p_o, acc / l_safe[:, None], mask=m_h[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(lse_ptr + (i_t * NUM_SPLITS + i_s) * H + o_h, lse, mask=m_h & (i_dv == 0))
+        tl.store(lse_ptr + (i_t * NUM_SPLITS + i_s) * H + o_h, lse, mask=m_h)
     else:
         if HAS_SINK:
             s2 = tl.load(sink_ptr + o_h, mask=m_h, other=0.0) * 1.4426950408889634
@@ -225,7 +203,7 @@ def pick_splits(T: int, head_blocks: int, n_tiles: int, device: torch.device) ->
 
 def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink,
                      scale: float, out: torch.Tensor, num_splits: int | None = None,
-                     block_h: int | None = None, block_n: int = 32, split_d: int = 1,
+                     block_h: int | None = None, block_n: int = 32,
                      num_warps: int | None = None, num_stages: int = 1):
     """Launch; arguments as validated by `kernels.sparse_attn.sparse_attention`.
 
@@ -242,8 +220,8 @@ def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, 
         # Too few tokens to fill the GPU: 16-head programs (4 warps, no register spills) give 4x
         # the programs; measured 14.1 vs 17.0 us at batch 1 (benchmarks/RESULTS.md).
         BH = 16
-    num_warps = num_warps or (4 if BH <= 16 or split_d > 1 else 8)
-    head_blocks = triton.cdiv(H, BH) * split_d
+    num_warps = num_warps or (4 if BH <= 16 else 8)
+    head_blocks = triton.cdiv(H, BH)
     n_tiles = triton.cdiv(W, block_n) + triton.cdiv(TOPK, block_n)
     ns = num_splits or pick_splits(T, head_blocks, n_tiles, q.device)
     ns = max(1, min(ns, max(n_tiles, 1)))
@@ -263,7 +241,7 @@ def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, 
         sink, o_t, *o_args, lse,
         H, W, TOPK, scale * LOG2E,
         D=D, BH=BH, BN=block_n, KV_FP4=kv_fp4, HAS_SINK=attn_sink is not None,
-        SPLIT=split, NUM_SPLITS=ns, NDV=split_d, DOT_FP32=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        SPLIT=split, NUM_SPLITS=ns, DOT_FP32=os.environ.get("TRITON_INTERPRET", "0") == "1",
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:
