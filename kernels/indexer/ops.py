@@ -15,12 +15,13 @@ import torch
 import triton
 
 from sglang_dsv41.kernels.indexer.select import topk_rows
-from sglang_dsv41.kernels.indexer.triton import _pool_kernel, _scan_kernel
+from sglang_dsv41.kernels.indexer.triton import _pool_kernel, _scan_group_kernel, _scan_kernel
 
 NEG_INF = float("-inf")
 BLOCK = 8
 # Launch shapes (entries per tile, tiles per program, warps); benchmarks/bench_indexer.py sweeps.
-TUNING = {"scan": {"bn": 128, "tiles": 8, "num_warps": 8},
+TUNING = {"scan": {"bn": 128, "tiles": 8, "num_warps": 4},
+          "scan_group": {"bn": 128, "tiles": 8, "num_warps": 8},
           "pool": {"bn": 128, "tiles": 4, "num_warps": 8}}
 # "triton": kernels/indexer/select.py; "torch": torch.topk (kept for comparison in the benchmark)
 SELECT = "triton"
@@ -40,11 +41,27 @@ def _prep(qI, w, index_k, page_table, req_ids, n_visible):
             n_visible.to(torch.int32).contiguous())
 
 
-def block_scores(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest=False):
+def groupable(req_ids_cpu: torch.Tensor, group: int) -> bool:
+    """True when every aligned run of `group` tokens belongs to one request (host check, for
+    callers that know the batch layout, e.g. from SGLang's extend_seq_lens_cpu)."""
+    r = req_ids_cpu.cpu()
+    T = r.shape[0]
+    pad = (-T) % group
+    r = torch.cat([r, r[-1:].expand(pad)]) if pad and T else r
+    return T == 0 or bool((r.view(-1, group) == r.view(-1, group)[:, :1]).all())
+
+
+def block_scores(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest=False,
+                 group=1):
     """Block max of each query's score row: fp32 [T, ceil(max_pages * P / 8)].
 
     -inf for blocks past the visible ones; +inf for the newest visible block if force_newest.
+    group > 1 (prefill): runs of `group` tokens share each dequantized key tile; the caller
+    guarantees every aligned run is one request (see `groupable`).
     """
+    if group > 1:
+        return _block_scores_grouped(qI, w, index_k, page_table, req_ids, n_visible, P,
+                                     force_newest, group)
     q, w, rec, pt, req, nvis = _prep(qI, w, index_k, page_table, req_ids, n_visible)
     T, HI, DI = qI.shape
     bn, tiles, num_warps = (TUNING["scan"][k] for k in ("bn", "tiles", "num_warps"))
@@ -57,6 +74,29 @@ def block_scores(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest
     _scan_kernel[grid](q, w, rec, pt, req, nvis, out, pt.stride(0), nblk, P,
                        FORCE_NEWEST=force_newest, HI=HI, DI=DI, BN=bn, TILES=tiles,
                        BLOCK=BLOCK, DOT_F32=_INTERPRET, num_warps=num_warps)
+    return out
+
+
+def nibble_major(q: torch.Tensor) -> torch.Tensor:
+    """bf16 [T, HI, DI] -> bf16 [T, 8, DI/8, HI] with out[t, j, i, h] = q[t, h, 8 i + j]."""
+    T, HI, DI = q.shape
+    return q.view(T, HI, DI // 8, 8).permute(0, 3, 2, 1).contiguous()
+
+
+def _block_scores_grouped(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest,
+                          group):
+    q, w, rec, pt, req, nvis = _prep(qI, w, index_k, page_table, req_ids, n_visible)
+    T, HI, DI = qI.shape
+    assert group & (group - 1) == 0, group
+    bn, tiles, num_warps = (TUNING["scan_group"][k] for k in ("bn", "tiles", "num_warps"))
+    nblk = triton.cdiv(pt.shape[1] * P, BLOCK)
+    out = torch.empty(T, nblk, dtype=torch.float32, device=q.device)
+    if T == 0 or nblk == 0:
+        return out
+    grid = (triton.cdiv(T, group), triton.cdiv(nblk * BLOCK, bn * tiles))
+    _scan_group_kernel[grid](nibble_major(q), w, rec, pt, req, nvis, out, T, pt.stride(0), nblk, P,
+                             FORCE_NEWEST=force_newest, HI=HI, DI=DI, QB=group, BN=bn,
+                             TILES=tiles, BLOCK=BLOCK, DOT_F32=_INTERPRET, num_warps=num_warps)
     return out
 
 
@@ -109,21 +149,21 @@ def select_in_blocks(scores: torch.Tensor, blocks: torch.Tensor, topk: int) -> t
     return _pad(ids, topk)
 
 
-def full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512):
+def full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, group=1):
     """Full layer: int32 [T, topk] entry ids, -1 padded (see module docstring)."""
     args = (qI, w, index_k, page_table, req_ids, n_visible, P)
-    blocks = select_blocks(block_scores(*args), topk)
+    blocks = select_blocks(block_scores(*args, group=group), topk)
     return select_in_blocks(pool_scores(*args, blocks), blocks, topk)
 
 
 def candidate_source(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512,
-                     pool_blocks=2048):
+                     pool_blocks=2048, group=1):
     """Candidate source: (own top-k int32 [T, topk], pool int32 [T, pool_blocks]), one scan."""
     args = (qI, w, index_k, page_table, req_ids, n_visible, P)
     if pool_blocks > topk:
-        pool = select_blocks(block_scores(*args, force_newest=True), pool_blocks)
+        pool = select_blocks(block_scores(*args, force_newest=True, group=group), pool_blocks)
         return select_in_blocks(pool_scores(*args, pool), pool, topk), pool
-    bscores = block_scores(*args)
+    bscores = block_scores(*args, group=group)
     own = select_blocks(bscores, topk)
     nv = n_visible.to(torch.int64)
     newest = ((nv - 1).clamp_min(0) // BLOCK)[:, None]

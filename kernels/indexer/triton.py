@@ -22,25 +22,28 @@ import triton.language as tl
 
 
 @triton.jit
-def _dot_slice(b_v, p_q, b_acc, HI: tl.constexpr, W: tl.constexpr, DOT_F32: tl.constexpr):
-    """b_acc [BN, HI] += b_v fp32 [BN, W] @ q slice bf16 [W, HI], b_q[i, h] = p_q[h * 8 W + 8 i]
-    (nibble slice j of the query when p_q points at element j of q [HI, DI = 8 W])."""
-    b_q = tl.load(p_q + tl.arange(0, W)[:, None] * 8 + tl.arange(0, HI)[None, :] * (8 * W))
+def _dot_slice(b_v, p_qcol, j: tl.constexpr, b_acc, W: tl.constexpr, SI: tl.constexpr,
+               SJ: tl.constexpr, DOT_F32: tl.constexpr):
+    """b_acc [BN, NCOL] += b_v fp32 [BN, W] @ b_q bf16 [W, NCOL], b_q[i, c] = p_qcol[c][SI i +
+    SJ j] = q[c][8 i + j]: nibble slice j of the NCOL query rows (one per head, and per query
+    when grouped). (SI, SJ) = (8, 1) for q as given, (HI, W HI) for ops.nibble_major(q)."""
+    b_q = tl.load(p_qcol[None, :] + (tl.arange(0, W)[:, None] * SI + SJ * j))  # [W, NCOL]
     if DOT_F32:
         return tl.dot(b_v, b_q.to(tl.float32), b_acc, input_precision="ieee")
     return tl.dot(b_v.to(tl.bfloat16), b_q, b_acc)
 
 
 @triton.jit
-def _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI: tl.constexpr, BN: tl.constexpr,
-                DI: tl.constexpr, DOT_F32: tl.constexpr):
-    """Scores of BN entries: fp32 [BN] (garbage where ~m_n; callers mask).
+def _keys_dot(rec_ptr, o_slot, m_n, p_qcol, NCOL: tl.constexpr, BN: tl.constexpr,
+              DI: tl.constexpr, SI: tl.constexpr, SJ: tl.constexpr, DOT_F32: tl.constexpr):
+    """Dots of BN keys with NCOL query rows: fp32 [BN, NCOL] (garbage where ~m_n).
 
     rec_ptr: int32 view of the pool, DI/8 code words + DI/128 scale words per record; o_slot
-    int64 [BN]; qp_ptr: this query's bf16 [HI, DI]; b_w fp32 [HI]. Word i of a record holds
-    values 8 i .. 8 i + 7 (nibble j = value 8 i + j), so nibble position j of all DI/8 words is
-    one K = DI/8 slice of the dot against q[:, j::8]: no reshapes. DOT_F32: fp32 dot, only for TRITON_INTERPRET
-    (whose bf16 dot is wrong); on the GPU each bf16 product is exact, fp32 accumulated.
+    int64 [BN]; p_qcol: [NCOL] pointers to bf16 query rows (strides SI, SJ, see _dot_slice). Word i of a record
+    holds values 8 i .. 8 i + 7 (nibble j = value 8 i + j), so nibble position j of all DI/8
+    words is one K = DI/8 slice of the dot against q[:, j::8]: no reshapes. DOT_F32: fp32 dot,
+    only for TRITON_INTERPRET (whose bf16 dot is wrong); on the GPU each bf16 product is exact,
+    fp32 accumulated.
     """
     WPR: tl.constexpr = DI // 8 + DI // 128  # int32 words per record (17 at DI=128)
     W: tl.constexpr = DI // 8
@@ -51,16 +54,26 @@ def _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI: tl.constexpr, BN: tl.cons
     b_sw = tl.load(p_rec + W, mask=m_n[:, None], other=0x7F7F7F7F)  # [BN, 1]
     b_sb = (b_sw >> ((o_w // 4) * 8)[None, :]) & 0xFF  # [BN, W]
     b_scale = ((b_sb + 14) << 23).to(tl.float32, bitcast=True)  # 2^(byte - 113)
-    b_acc = tl.zeros((BN, HI), dtype=tl.float32)
+    b_acc = tl.zeros((BN, NCOL), dtype=tl.float32)
     for j in tl.static_range(4):
         # nibbles j and j + 4 of each word at once, as the two fp16 halves of one int32
         b_c = b_words >> (4 * j)
         b_bits = ((b_c << 9) & 0x0E000E00) | ((b_c << 12) & -2147450880)  # 0x80008000
         b_lo = b_bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * b_scale
         b_hi = (b_bits >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * b_scale
-        b_acc = _dot_slice(b_lo, qp_ptr + j, b_acc, HI, W, DOT_F32)
-        b_acc = _dot_slice(b_hi, qp_ptr + (j + 4), b_acc, HI, W, DOT_F32)
+        b_acc = _dot_slice(b_lo, p_qcol, j, b_acc, W, SI, SJ, DOT_F32)
+        b_acc = _dot_slice(b_hi, p_qcol, j + 4, b_acc, W, SI, SJ, DOT_F32)
+    return b_acc
+
+
+@triton.jit
+def _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI: tl.constexpr, BN: tl.constexpr,
+                DI: tl.constexpr, DOT_F32: tl.constexpr):
+    """Scores of BN entries for one query (qp_ptr: bf16 [HI, DI], b_w fp32 [HI]): fp32 [BN]."""
+    p_qcol = qp_ptr + tl.arange(0, HI) * DI
+    b_acc = _keys_dot(rec_ptr, o_slot, m_n, p_qcol, HI, BN, DI, 8, 1, DOT_F32)  # [BN, HI]
     return tl.sum(tl.maximum(b_acc, 0.0) * b_w[None, :], axis=1)  # [BN]
+
 
 # P is never specialized: Triton 3.6 derives 16-divisibility for a contiguous run of slots from a
 # 16-divisible P and keeps it through the odd record stride (17 words), emitting misaligned
@@ -123,3 +136,49 @@ def _pool_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, blocks_ptr, o
         b_s = _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI, BN, DI, DOT_F32)
         b_s = tl.where(m_n, b_s, float("-inf"))
         tl.store(out_ptr + i_t.to(tl.int64) * NB * BLOCK + o_j, b_s, mask=m_j)
+
+
+@triton.jit(do_not_specialize=["P"])
+def _scan_group_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, out_ptr,
+                       T, stride_pt, NBLK, P,
+                       FORCE_NEWEST: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
+                       QB: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr,
+                       BLOCK: tl.constexpr, DOT_F32: tl.constexpr):
+    """`_scan_kernel` for QB consecutive query tokens of ONE request (prefill): each key tile is
+    gathered and dequantized once and multiplied against all QB * HI query rows (the dequant,
+    not the bytes, bounds the scan). Tokens t0 .. t0 + QB - 1 must share req_ids[t0]. q_ptr:
+    nibble-major queries bf16 [T, 8, DI/8, HI] (ops.nibble_major), so slices load contiguous."""
+    i_g = tl.program_id(0)
+    i_c = tl.program_id(1)
+    t0 = i_g * QB
+    o_q = tl.arange(0, QB)
+    m_q = t0 + o_q < T
+    b_nvis = tl.where(m_q, tl.load(nvis_ptr + tl.minimum(t0 + o_q, T - 1)), 0)  # [QB]
+    n_max = tl.max(b_nvis, axis=0)
+    i_b = tl.load(req_ptr + t0).to(tl.int64)
+    o_col = tl.arange(0, QB * HI)
+    col_t = tl.minimum(t0 + o_col // HI, T - 1).to(tl.int64)  # [QB * HI] token of each column
+    p_qcol = q_ptr + col_t * HI * DI + (o_col % HI)
+    b_w = tl.load(w_ptr + col_t * HI + o_col % HI)  # [QB * HI] fp32
+    newest = tl.where(b_nvis > 0, (b_nvis - 1) // BLOCK, -1)  # [QB]
+    NB_T: tl.constexpr = BN // BLOCK
+    for i in range(TILES):
+        s0 = (i_c * TILES + i) * BN
+        o_blk = s0 // BLOCK + tl.arange(0, NB_T)  # [BN/BLOCK]
+        if s0 < n_max:
+            o_s = s0 + tl.arange(0, BN)
+            m_n = o_s < n_max
+            b_page = tl.load(pt_ptr + i_b * stride_pt + o_s // P, mask=m_n, other=0)
+            o_slot = b_page.to(tl.int64) * P + o_s % P
+            b_acc = _keys_dot(rec_ptr, o_slot, m_n, p_qcol, QB * HI, BN, DI, HI, (DI // 8) * HI,
+                              DOT_F32)
+            b_acc = tl.maximum(b_acc, 0.0) * b_w[None, :]  # [BN, QB * HI]
+            b_s = tl.sum(tl.reshape(b_acc, (BN, QB, HI)), axis=2)  # [BN, QB]
+            b_s = tl.where(o_s[:, None] < b_nvis[None, :], b_s, float("-inf"))
+            b_max = tl.max(tl.reshape(tl.trans(b_s), (QB, NB_T, BLOCK)), axis=2)  # [QB, BN/8]
+        else:
+            b_max = tl.full((QB, NB_T), float("-inf"), tl.float32)
+        if FORCE_NEWEST:
+            b_max = tl.where(o_blk[None, :] == newest[:, None], float("inf"), b_max)
+        p_out = out_ptr + (t0 + o_q)[:, None].to(tl.int64) * NBLK + o_blk[None, :]
+        tl.store(p_out, b_max, mask=m_q[:, None] & (o_blk < NBLK)[None, :])

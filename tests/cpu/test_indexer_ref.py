@@ -119,6 +119,20 @@ for seed, (T, B, n, P) in enumerate([(4, 3, 300, 16), (3, 2, 45, 8)]):
         tt.check_selection(pool, rpool, tt.block_key(s, c["n_visible"]), tol, "pool")
     r = ops.reindex(*a, rpool, topk=16)
     tt.check_selection(r, ref.reindex_ref(*a, rpool, topk=16), tt.pool_key(s, rpool), tol)
+pos = torch.tensor(list(range(300, 310)) + list(range(50, 55)))  # grouped prefill, ratio 2
+c = tt.random_case(15, 2, 160, 16, seed=3, lengths=[160, 160], n_visible=(pos + 1) // 2)
+c["req_ids"] = torch.tensor([1] * 10 + [0] * 5, dtype=torch.int32)
+assert ops.groupable(c["req_ids"], 2) and not ops.groupable(c["req_ids"], 4)
+a = tt.case_args(c)
+s, tol = ref.paged_scores(*a), tt.rounding_bound(c)
+ops.TUNING["scan_group"].update(bn=32, tiles=4)
+for force in (False, True):
+    out = ops.block_scores(*a, force_newest=force, group=2)
+    key = tt.block_key(s, c["n_visible"], force=force)
+    fin = torch.isfinite(key)
+    assert torch.equal(torch.isinf(out), torch.isinf(key))
+    assert torch.equal(out == float("inf"), key == float("inf"))
+    assert ((out[fin] - key[fin]).abs() <= tol[:, None].expand_as(key)[fin]).all()
 from sglang_dsv41.kernels.indexer.select import topk_rows
 from sglang_dsv41.layers.index_math import topk_indices
 v = torch.randn(3, 700)

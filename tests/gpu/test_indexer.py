@@ -119,3 +119,31 @@ def test_topk_rows_matches_oracle(T, M, k):
         a = ids[t][ids[t] >= 0].sort().values
         r = ref_ids[t][ref_ids[t] >= 0].sort().values
         assert torch.equal(a.long(), r.long()), f"row {t}"
+
+
+@pytest.mark.parametrize("group", [4, 8])
+@pytest.mark.parametrize("force", [False, True])
+def test_grouped_prefill_scan(group, force):
+    """Prefill chunks of two requests (aligned to the group), ratio-2 causal visibility, a
+    ragged tail: the grouped scan equals the reference, and so do the selections built on it."""
+    from sglang_dsv41.kernels.indexer import ops
+
+    pos = torch.cat([torch.arange(5000, 5000 + 3 * group), torch.arange(100, 100 + 2 * group - 3)])
+    c = _case(pos.numel(), 2, 2600, 64, 11 + group, lengths=[2600, 2600], n_visible=(pos + 1) // 2)
+    c["req_ids"] = torch.tensor([1] * (3 * group) + [0] * (2 * group - 3), dtype=torch.int32,
+                                device="cuda")
+    assert ops.groupable(c["req_ids"], group)
+    a = tt.case_args(c)
+    scores, tol = ref.paged_scores(*a), tt.rounding_bound(c)
+    out = ops.block_scores(*a, force_newest=force, group=group)
+    key = tt.block_key(scores, c["n_visible"], force=force)
+    assert torch.equal(torch.isinf(out), torch.isinf(key))
+    assert torch.equal(out == float("inf"), key == float("inf"))
+    fin = torch.isfinite(key)
+    assert ((out[fin] - key[fin]).abs() <= tol[:, None].expand_as(key)[fin]).all()
+    tt.check_selection(ops.full_topk(*a, topk=512, group=group), ref.full_topk_ref(*a), scores,
+                       tol)
+    ids, pool = ops.candidate_source(*a, topk=512, pool_blocks=2048, group=group)
+    rids, rpool = ref.candidate_source_ref(*a, topk=512, pool_blocks=2048)
+    tt.check_selection(ids, rids, scores, tol)
+    tt.check_selection(pool, rpool, tt.block_key(scores, c["n_visible"]), tol, "pool")
