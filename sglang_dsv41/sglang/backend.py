@@ -12,6 +12,7 @@ import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
+from sglang_dsv41.sglang import runtime
 from sglang_dsv41.sglang.context import BatchContext, build_rows
 
 BACKEND_NAME = "dsv41"
@@ -40,7 +41,9 @@ class DSV41AttnBackend(AttentionBackend):
             prefix = [int(v) for v in fb.extend_prefix_lens_cpu]
             extend = [int(v) for v in fb.extend_seq_lens_cpu]
         rows = build_rows(prefix, extend)
-        floors = getattr(fb, "dsv41_floors", None) or [0] * len(seq_lens)
+        if runtime.STATE.replay and fb.rids is None and not mode.is_decode():
+            raise RuntimeError("dsv41 backend: bounded replay needs ForwardBatch.rids")
+        floors = runtime.floors_of(fb.rids) if fb.rids is not None else [0] * len(seq_lens)
         if fb.positions is not None and not torch.equal(fb.positions.long().cpu(), rows.pos):
             raise RuntimeError("dsv41 backend: batch positions are not [prefix, seq) per request")
         # Kept on the batch, not the backend: SGLang may prepare the next batch's metadata

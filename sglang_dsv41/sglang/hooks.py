@@ -2,7 +2,9 @@
 
     create_memory_pool_configurator   size the pool from this model's real bytes per token
     KVCacheConfigurator._build_token_to_kv_pool   build DSV41KVPool instead of an MHA pool
-    ForwardBatch.init_new             attach each request's decoder replay floor
+    ForwardBatch.init_new             record each request's decoder replay floor by request id
+                                      (the backend looks it up through ForwardBatch.rids; the
+                                      batch object itself may be copied before the forward)
     Req._compute_max_prefix_len       with replay on, a radix hit stops at the request's floor,
                                       so decoder SWA state written by a replay (approximate, or
                                       absent below the floor) is never reused
@@ -57,8 +59,9 @@ def request_floor(req) -> int:
 
 
 def _init_new(result, cls, batch, *args, **kwargs):
-    if runtime.active() and result is not None:
-        result.dsv41_floors = [request_floor(r) for r in batch.reqs]
+    if runtime.active():
+        for r in batch.reqs:
+            runtime.remember_floor(r.rid, request_floor(r))
     return result
 
 

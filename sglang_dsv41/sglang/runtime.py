@@ -7,6 +7,7 @@ per-request replay floors), which must act only when this package's model is ser
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
@@ -51,3 +52,20 @@ def replay_floor(prompt_len: int, wants_prompt_logprobs: bool = False) -> int:
     if not active() or not STATE.replay or wants_prompt_logprobs:
         return 0
     return max(0, prompt_len - STATE.cfg.sliding_window)
+
+
+_FLOORS: "OrderedDict[str, int]" = OrderedDict()
+_FLOORS_KEPT = 1 << 16
+
+
+def remember_floor(rid: str, floor: int) -> None:
+    """Record a request's replay floor (bounded: the oldest entries are dropped)."""
+    _FLOORS[rid] = floor
+    _FLOORS.move_to_end(rid)
+    while len(_FLOORS) > _FLOORS_KEPT:
+        _FLOORS.popitem(last=False)
+
+
+def floors_of(rids) -> list:
+    """Replay floors of a batch's requests (0 where unknown: the full forward)."""
+    return [_FLOORS.get(r, 0) for r in rids]

@@ -139,6 +139,6 @@ def test_bounded_replay_equals_reference_with_replay(model):
     for chunk in (None, 7):
         eng = ToyEngine(model)
         floors = [max(0, len(p) - W) for p in prompts]
-        got = _serve(eng, prompts, 4, chunk=chunk, floors=floors)
+        got = _serve(eng, prompts, 8, chunk=chunk, floors=floors)
         for p, g in zip(prompts, got):
-            assert g == model.generate(p, 4, replay=True), (len(p), chunk)
+            assert g == model.generate(p, 8, replay=True), (len(p), chunk)

@@ -11,7 +11,7 @@ from e2e.conftest import MAX_NEW, start_server
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_dir):
     s = start_server(tmp_path_factory, tiny_dir, "chunked", "--no-enable-decoder-swa-bounded-replay",
-                     "--chunked-prefill-size", "37")
+                     "--chunked-prefill-size", "38")
     yield s
     s.stop()
 
@@ -21,4 +21,4 @@ def test_chunked_prefill_equals_reference(server, oracle, prompts):
         outs = list(ex.map(lambda p: server.generate(p, MAX_NEW)["output_ids"], prompts))
     for p, got in zip(prompts, outs):
         assert got == oracle.generate(p, MAX_NEW, replay=False), f"prompt of {len(p)} tokens"
-    assert "chunked_prefill_size': 37" in server.log()
+    assert "chunked_prefill_size': 38" in server.log()

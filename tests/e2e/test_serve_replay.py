@@ -26,6 +26,9 @@ def test_replay_equals_reference_with_replay(server, oracle, prompts):
         outs = list(ex.map(lambda p: server.generate(p, MAX_NEW)["output_ids"], chosen))
     for p, got in zip(chosen, outs):
         assert got == oracle.generate(p, MAX_NEW, replay=True), f"prompt of {len(p)} tokens"
+    # The approximation shows on these prompts, so a server that ignored replay would fail.
+    assert any(oracle.generate(p, MAX_NEW, replay=True) != oracle.generate(p, MAX_NEW, replay=False)
+               for p in chosen)
 
 
 def test_replay_radix_hit(server, oracle, prompts):
