@@ -16,20 +16,25 @@ def _fast(qI):
     return None
 
 
-def full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512):
-    """Full layer -> int32 [T, topk] entry ids, -1 padded (order unspecified on the fast path)."""
+def full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, group=1):
+    """Full layer -> int32 [T, topk] entry ids, -1 padded (order unspecified on the fast path).
+
+    group: prefill hint for the fast path, every aligned run of `group` tokens is one request
+    (ops.groupable); 8 is fastest on the H200. The reference ignores it.
+    """
     ops = _fast(qI)
-    impl = ops.full_topk if ops else ref.full_topk_ref
-    return impl(qI, w, index_k, page_table, req_ids, n_visible, P, topk)
+    if ops:
+        return ops.full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk, group)
+    return ref.full_topk_ref(qI, w, index_k, page_table, req_ids, n_visible, P, topk)
 
 
 def candidate_source(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512,
-                     pool_blocks=2048):
+                     pool_blocks=2048, group=1):
     """Candidate source -> (own top-k int32 [T, topk], pool block ids int32 [T, pool_blocks])."""
     ops = _fast(qI)
     if ops:
         return ops.candidate_source(qI, w, index_k, page_table, req_ids, n_visible, P, topk,
-                                    pool_blocks)
+                                    pool_blocks, group)
     return ref.candidate_source_ref(qI, w, index_k, page_table, req_ids, n_visible, P, topk,
                                     pool_blocks)
 

@@ -19,10 +19,11 @@ from sglang_dsv41.kernels.indexer.triton import _pool_kernel, _scan_group_kernel
 
 NEG_INF = float("-inf")
 BLOCK = 8
-# Launch shapes (entries per tile, tiles per program, warps); benchmarks/bench_indexer.py sweeps.
+# Launch shapes (entries per tile, tiles per program, warps): the fastest of
+# benchmarks/bench_indexer.py's sweeps on the H200 (RESULTS.md); prefill callers pass group=8.
 TUNING = {"scan": {"bn": 128, "tiles": 8, "num_warps": 4},
           "scan_group": {"bn": 128, "tiles": 8, "num_warps": 8},
-          "pool": {"bn": 128, "tiles": 4, "num_warps": 8}}
+          "pool": {"bn": 128, "tiles": 1, "num_warps": 4}}
 # "triton": kernels/indexer/select.py; "torch": torch.topk (kept for comparison in the benchmark)
 SELECT = "triton"
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -1,14 +1,16 @@
 """Triton (SM90) kernels of the paged lightning indexer; interface in kernels/indexer/ref.py.
 
-Two kernels share one tile routine (gather 68 B records, dequantize to bf16, one tensor-core dot
-against the query's HI heads, ReLU, weighted head sum):
-  * `_scan_kernel`  (Full layers) scores every visible entry once and writes only the block max
-    over blocks of 8: fp32 [T, ceil(N/8)], 1/8 of a logits row (0.5 B per entry next to the
-    68 B read). The newest block can be forced to +inf in the same pass.
+Three kernels share one tile routine (`_keys_dot`: gather 68 B records, dequantize to bf16,
+tensor-core dots against the query rows; then ReLU and the weighted head sum):
+  * `_scan_kernel`  (Full layers, one query per program) scores every visible entry once and
+    writes only the block max over blocks of 8: fp32 [T, ceil(N/8)], 1/8 of a logits row (0.5 B
+    per entry next to the 68 B read). The newest block can be forced to +inf in the same pass.
+  * `_scan_group_kernel`  the same for QB prefill tokens of one request per program: each key
+    tile is dequantized once for all QB * HI query rows.
   * `_pool_kernel`  (Reindex, and the last stage of Full) scores the 8 entries of each listed
     block: fp32 [T, NB * 8]. Its work depends on NB, never on N.
-Selection (torch.topk) runs on those small tensors; see selection.py for why the Full layer's
-top-k is exact up to ties when taken from its top-k blocks.
+Selection (kernels/indexer/select.py) runs on those small tensors; ops.py says why the Full
+layer's top-k is exact up to ties when taken from its top-k blocks.
 
 Dequantization: a code c (bit 3 sign, bits 0-2 = e1 e0 m) placed at fp16 bits 9..11 with the
 sign at bit 15 is the e2m1 value times 2^-14 (the code for 0.5 lands on an fp16 subnormal, which

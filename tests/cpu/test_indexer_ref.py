@@ -155,3 +155,18 @@ def test_triton_kernels_under_interpreter():
     r = subprocess.run([sys.executable, "-c", _INTERP], env=env, capture_output=True, text=True,
                        timeout=300)
     assert "INTERPRETER_OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+def test_dispatch_on_cpu_runs_the_reference(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sglang", None)  # the core never imports sglang
+    from sglang_dsv41.kernels import indexer
+
+    c = tt.random_case(T=3, B=2, n_max=120, P=8, seed=9)
+    a = tt.case_args(c)
+    assert torch.equal(indexer.full_topk(*a, topk=16, group=2), ref.full_topk_ref(*a, topk=16))
+    ids, pool = indexer.candidate_source(*a, topk=16, pool_blocks=4)
+    rids, rpool = ref.candidate_source_ref(*a, topk=16, pool_blocks=4)
+    assert torch.equal(ids, rids) and torch.equal(pool, rpool)
+    assert torch.equal(indexer.reindex(*a, pool, topk=8), ref.reindex_ref(*a, pool, topk=8))
