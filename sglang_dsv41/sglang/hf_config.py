@@ -8,6 +8,8 @@ Module-level so it pickles into SGLang's subprocesses.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from transformers import PretrainedConfig
 
 from sglang_dsv41.config import DeepseekV41Config
@@ -55,8 +57,16 @@ class DeepseekV41HFConfig(PretrainedConfig):
         self.num_key_value_heads = 1
 
     def dsv41(self) -> DeepseekV41Config:
-        """The validated core config (raises ConfigError naming field and layer)."""
-        return DeepseekV41Config.from_dict(self.dsv41_values)
+        """The validated core config (raises ConfigError naming field and layer). Core fields
+        set on this object after loading (SGLang's --json-model-override-args) take precedence
+        over the checkpoint's values."""
+        values = dict(self.dsv41_values)
+        for name in _CORE_FIELDS:
+            if name in self.__dict__ and name not in _WITHHELD:
+                values[name] = self.__dict__[name]
+        return DeepseekV41Config.from_dict(values)
 
 
+_CORE_FIELDS = tuple(f.name for f in dataclasses.fields(DeepseekV41Config)
+                     if f.name not in ("extra", "torch_dtype"))
 _WITHHELD = ("rope_scaling", "rope_parameters", "rope_theta", "compress_rope_theta")

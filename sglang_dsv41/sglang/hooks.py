@@ -48,7 +48,7 @@ def _build_pool(original, self, *, sizes, req_to_token_pool, **kwargs):
 
     return DSV41KVPool(self.model_config.hf_config.dsv41(), size=sizes.max_total_num_tokens,
                        page_size=self.pool_page_size, max_requests=req_to_token_pool.size,
-                       device=self.device)
+                       device=self.device, decoder_ring=runtime.STATE.replay)
 
 
 def request_floor(req) -> int:

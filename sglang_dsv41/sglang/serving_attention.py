@@ -27,21 +27,34 @@ from sglang_dsv41.sglang.context import BatchContext, Rows
 from sglang_dsv41.sglang.geometry import main_layout
 
 
-def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
-    """Store the rows' SWA key/values (V41 records) at their slots."""
-    kv = attn.swa_kv(x, rows.pos)  # [T, D] fp32
-    pool.swa[attn.layer_id][ctx.out_loc[rows.ids]] = pack(Layout.V41, kv)
+def swa_keys(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor):
+    """Store the rows' SWA key/values (V41 records) and return every row's SWA keys:
+    (k fp32 [T, W, D], ok bool [T, W]); a row at p sees [max(floor, p - W + 1), p].
 
-
-def gather_swa(attn, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor):
-    """SWA keys of every row: (k fp32 [T, W, D], ok bool [T, W]); row at p sees
-    [max(floor, p - W + 1), p]. floor int64 [T]."""
-    W = attn.cfg.sliding_window
+    Slot layers read records through the slot table. Ring layers (decoder, replay on) read
+    positions computed in this forward from the new rows and older ones from the request's ring.
+    """
+    i, W = attn.layer_id, attn.cfg.sliding_window
+    rec = pack(Layout.V41, attn.swa_kv(x, rows.pos))  # [T, B] uint8
     kpos = rows.pos[:, None] - W + 1 + torch.arange(W)[None, :]  # [T, W]
     ok = kpos >= floor[:, None]
     kpos = torch.maximum(kpos, floor[:, None])  # masked slots read a written record
-    slots = ctx.req_to_token[ctx.req_pool[rows.req][:, None], kpos].long()  # [T, W]
-    return unpack(Layout.V41, pool.swa[attn.layer_id][slots]), ok
+    rp = ctx.req_pool[rows.req]  # [T]
+    if pool.swa[i] is not None:
+        pool.swa[i][ctx.out_loc[rows.ids]] = rec
+        slots = ctx.req_to_token[rp[:, None], kpos].long()  # [T, W]
+        return unpack(Layout.V41, pool.swa[i][slots]), ok
+    ring = pool.ring[i]  # [R, W, B]
+    first = torch.tensor([st for st, _ in rows.spans], dtype=torch.int64)[rows.req]  # [T]
+    last = torch.tensor([st + n - 1 for st, n in rows.spans], dtype=torch.int64)[rows.req]
+    p0 = rows.pos[first]
+    in_fwd = kpos >= p0[:, None]
+    new_row = (first[:, None] + kpos - p0[:, None]).clamp(0, rows.n - 1)  # [T, W]
+    k = torch.where(in_fwd[..., None], unpack(Layout.V41, rec)[new_row],
+                    unpack(Layout.V41, ring[rp[:, None], kpos % W]))
+    keep = rows.pos > rows.pos[last] - W  # the request's last W rows of this forward
+    ring[rp[keep], rows.pos[keep] % W] = rec[keep]
+    return k, ok
 
 
 def _index_k_prequant(attn, latent, entry_pos):
@@ -151,8 +164,7 @@ def attention_layer(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.T
     if rows.n == 0:
         return x.new_zeros(0, cfg.hidden_size)
     q, q_lora = attn.query(x, rows.pos)  # [T, H, D]
-    write_swa(attn, x, rows, ctx, pool)
-    k_swa, swa_ok = gather_swa(attn, rows, ctx, pool, floor)
+    k_swa, swa_ok = swa_keys(attn, x, rows, ctx, pool, floor)
     if attn.ratio == 0:
         k_top = torch.zeros(rows.n, 0, cfg.head_dim)
         top_ok = torch.zeros(rows.n, 0, dtype=torch.bool)

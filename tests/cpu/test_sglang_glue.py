@@ -42,6 +42,12 @@ def test_hf_config_keeps_arch_and_values():
     assert DeepseekV41HFConfig(**c.to_dict()).dsv41().to_dict() == core.to_dict()
 
 
+def test_hf_config_override_args_reach_core():
+    c = DeepseekV41HFConfig(**_released(tiny()))
+    setattr(c, "kv_cache_dtype_main", "fp8")  # what --json-model-override-args does
+    assert c.dsv41().kv_cache_dtype_main == "fp8"
+
+
 def test_hf_config_invalid_names_field_and_layer():
     raw = tiny()
     raw["kv_source_layer_ids"] = [1, 3, 7]

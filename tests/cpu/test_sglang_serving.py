@@ -25,9 +25,10 @@ PAGE = 2
 class ToyEngine:
     """Slot table + page allocator + one forward per `step` (what SGLang does for the backend)."""
 
-    def __init__(self, model, max_len=512, n_pages=2048, seed=0):
+    def __init__(self, model, max_len=512, n_pages=2048, seed=0, decoder_ring=False):
         self.model, self.cfg = model, model.cfg
-        self.pool = RecordBuffers(self.cfg, n_pages * PAGE, PAGE, max_requests=8)
+        self.pool = RecordBuffers(self.cfg, n_pages * PAGE, PAGE, max_requests=8,
+                                  decoder_ring=decoder_ring)
         g = torch.Generator().manual_seed(seed)
         self.free = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()  # page 0 = padding
         self.req_to_token = torch.zeros(9, max_len, dtype=torch.int32)
@@ -137,8 +138,43 @@ def test_bounded_replay_equals_reference_with_replay(model):
     prompts = _prompts([10, 37, 70], seed=9)
     W = model.cfg.sliding_window
     for chunk in (None, 7):
-        eng = ToyEngine(model)
+        eng = ToyEngine(model, decoder_ring=True)
         floors = [max(0, len(p) - W) for p in prompts]
         got = _serve(eng, prompts, 8, chunk=chunk, floors=floors)
         for p, g in zip(prompts, got):
             assert g == model.generate(p, 8, replay=True), (len(p), chunk)
+
+
+@torch.no_grad()
+def test_fp8_main_kv_records():
+    """kv_cache_dtype_main = fp8: main KV in V41 (528 B at D = 512) records, same equality."""
+    cfg = preset("tiny")
+    cfg.kv_cache_dtype_main = "fp8"
+    torch.manual_seed(1)
+    m = ReferenceModel(cfg).eval()
+    eng = ToyEngine(m)
+    assert eng.pool.main[1].shape[1] == cfg.head_dim + cfg.head_dim // 32
+    prompts = _prompts([9, 30], seed=3)
+    for p, g in zip(prompts, _serve(eng, prompts, 4, chunk=7)):
+        assert g == m.generate(p, 4, replay=False)
+
+
+@torch.no_grad()
+def test_replay_radix_hit_with_remapped_slots(model):
+    """Replay on: B shares A's prefix up to B's floor (the radix cap); then B's slots past the
+    cap are remapped onto A's identical tokens (SGLang's radix insert dedupes them), where A
+    never wrote decoder SWA (A's floor is higher). B's outputs still equal the reference."""
+    W = model.cfg.sliding_window
+    base = _prompts([120], seed=11)[0]
+    a, b = base + _prompts([30], seed=12)[0], base[:100] + [5, 6, 7]
+    eng = ToyEngine(model, decoder_ring=True)
+    fa, fb = len(a) - W, len(b) - W
+    assert _serve(eng, [a], 3, floors=[fa]) == [model.generate(a, 3, replay=True)]
+    cap = fb // PAGE * PAGE
+    eng.share_prefix(1, 2, cap)
+    logits = eng.step([(2, b[cap:])], floors=[fb])
+    eng.req_to_token[2, cap:100] = eng.req_to_token[1, cap:100]  # the dedupe
+    out = [int(logits.argmax())]
+    for _ in range(3):
+        out.append(int(eng.step([(2, [out[-1]])], floors=[fb]).argmax()))
+    assert out == model.generate(b, 4, replay=True)
