@@ -8,8 +8,9 @@ read their source's records and own nothing. V4.1-Flash: 2.5 entries x (288 + 68
 SWA (per request): each layer keeps a window of V41 records (528 B at D = 512) per live request.
 The V4 column is the same model with main KV and SWA in V4's record (584 B at D = 512) (what upstream
 SGLang, vLLM and FlashMLA use on Hopper), index K unchanged.
-Also shown: what the current CPU serving pool (`dsv41` backend) allocates per token slot, which
-keeps every layer's SWA record for every slot (docs/serving.md, limitations).
+Also shown: what the `dsv41` serving pool allocates: per token slot the global state plus the
+SWA records of the layers whose SWA lives in slots (encoder layers with replay on, every layer
+with replay off), and per request the decoder SWA rings (docs/serving.md).
 """
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ def report(cfg: DeepseekV41Config) -> dict:
         "v4_global_bytes_per_token": total_v4,
         "swa_bytes_per_request": swa_b * W * L,
         "v4_swa_bytes_per_request": v4_b * W * L,
-        "cpu_pool_bytes_per_token_slot": int(total + swa_b * L + 0.999),
+        "cpu_pool_bytes_per_token_slot": int(total + swa_b * cfg.decoder_start + 0.999),
+        "cpu_pool_ring_bytes_per_request": swa_b * W * (L - cfg.decoder_start),
+        "cpu_pool_bytes_per_token_slot_replay_off": int(total + swa_b * L + 0.999),
     }
 
 
@@ -74,8 +77,10 @@ def _text(rep: dict, name: str) -> str:
             "B/token)",
             f"SWA: {rep['swa_bytes_per_request']} B per request "
             f"(V4 {rec['v4_record_bytes']} B record: {rep['v4_swa_bytes_per_request']} B)",
-            f"current CPU serving pool: {rep['cpu_pool_bytes_per_token_slot']} B per token slot "
-            "(every layer's SWA record kept per slot)"]
+            f"dsv41 serving pool: {rep['cpu_pool_bytes_per_token_slot']} B per token slot + "
+            f"{rep['cpu_pool_ring_bytes_per_request']} B decoder SWA rings per request (replay "
+            f"on, default); {rep['cpu_pool_bytes_per_token_slot_replay_off']} B per token slot "
+            "with replay off (every layer's SWA record kept per slot)"]
     return "\n".join(out)
 
 

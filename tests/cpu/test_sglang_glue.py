@@ -75,13 +75,14 @@ def test_load_named_exact_and_errors():
         load_named(_Tiny(), [("a.weight", torch.zeros(3, 2)), ("b", w["b"])])
 
 
-@pytest.mark.parametrize("name", ["tiny", "small"])
-def test_geometry_matches_allocated_buffers(name):
+@pytest.mark.parametrize("name,ring", [("tiny", False), ("tiny", True), ("small", True)])
+def test_geometry_matches_allocated_buffers(name, ring):
     cfg = preset(name)
     slots = 1024
-    buf = RecordBuffers(cfg, slots, page_size=2, max_requests=3)
-    g = PoolGeometry(cfg)
-    per_slot = (buf.nbytes() - 4 * g.pending_bytes_per_request()) / slots
+    buf = RecordBuffers(cfg, slots, page_size=2, max_requests=3, decoder_ring=ring)
+    g = PoolGeometry(cfg, ring)
+    assert (g.ring_bytes_per_request() > 0) == ring
+    per_slot = (buf.nbytes() - 4 * g.bytes_per_request()) / slots
     assert abs(per_slot - g.bytes_per_token()) < 1.0
     assert buf.source_layer_of(4) == cfg.source_layer_of(4) and buf.source_layer_of(0) == -1
     with pytest.raises(ValueError, match="page_size"):
@@ -110,7 +111,10 @@ def test_kv_report_cli_json(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(_released(tiny())))
     assert kv_report.main(["--model", str(tmp_path), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["cpu_pool_bytes_per_token_slot"] == PoolGeometry(preset("tiny")).bytes_per_token()
+    cfg = preset("tiny")
+    assert rep["cpu_pool_bytes_per_token_slot"] == PoolGeometry(cfg, True).bytes_per_token()
+    assert rep["cpu_pool_ring_bytes_per_request"] == PoolGeometry(cfg, True).ring_bytes_per_request()
+    assert rep["cpu_pool_bytes_per_token_slot_replay_off"] == PoolGeometry(cfg).bytes_per_token()
 
 
 def test_serve_command(monkeypatch, tmp_path):
