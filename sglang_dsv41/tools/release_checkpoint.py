@@ -152,6 +152,7 @@ def write_flash_mini(out_dir, seed: int = 0, force: bool = False) -> Path:
     weight_map = {}
     for fname, tensors in zip(SHARDS, shards):
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        (out / fname).chmod(0o644)  # safetensors creates 0600; servers in containers read it
         weight_map.update({n: fname for n in tensors})
     index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for s in shards
                                             for t in s.values())},
