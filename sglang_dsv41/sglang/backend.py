@@ -14,6 +14,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sglang_dsv41.sglang import runtime
 from sglang_dsv41.sglang.context import BatchContext, build_rows
+from sglang_dsv41.sglang.engram_history import EngramHistory
 
 BACKEND_NAME = "dsv41"
 
@@ -25,6 +26,9 @@ class DSV41AttnBackend(AttentionBackend):
         super().__init__()
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.token_to_kv_pool = model_runner.token_to_kv_pool
+        cfg = runtime.STATE.cfg
+        self.engram = (EngramHistory(cfg.engram_max_ngram_size)
+                       if cfg is not None and cfg.engram_layer_ids else None)
 
     def init_forward_metadata(self, forward_batch):
         fb = forward_batch
@@ -46,11 +50,17 @@ class DSV41AttnBackend(AttentionBackend):
         floors = runtime.floors_of(fb.rids) if fb.rids is not None else [0] * len(seq_lens)
         if fb.positions is not None and not torch.equal(fb.positions.long().cpu(), rows.pos):
             raise RuntimeError("dsv41 backend: batch positions are not [prefix, seq) per request")
+        req_pool = fb.req_pool_indices.long().cpu()
+        engram = None
+        if self.engram is not None:
+            engram = self.engram.windows(rows, fb.input_ids.long().cpu(), req_pool.tolist(),
+                                         fb.rids, runtime.tokens_at)
         # Kept on the batch, not the backend: SGLang may prepare the next batch's metadata
         # while this one is still running (overlap scheduling).
-        fb.dsv41_context = BatchContext(rows=rows, req_pool=fb.req_pool_indices.long().cpu(),
-                                    req_to_token=self.req_to_token, seq_lens=seq_lens,
-                                    floors=list(floors), out_loc=fb.out_cache_loc.long().cpu())
+        fb.dsv41_context = BatchContext(rows=rows, req_pool=req_pool,
+                                        req_to_token=self.req_to_token, seq_lens=seq_lens,
+                                        floors=list(floors), out_loc=fb.out_cache_loc.long().cpu(),
+                                        engram=engram)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         raise NotImplementedError("dsv41 backend: no CUDA graphs")

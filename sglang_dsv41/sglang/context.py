@@ -54,6 +54,7 @@ class BatchContext:
     seq_lens: list
     floors: list
     out_loc: torch.Tensor
+    engram: tuple | None = None  # (tokens int64 [T, n], blocked bool [T, n]) n-gram windows
     shared: dict = field(default_factory=dict)
 
     @property

@@ -36,7 +36,9 @@ class DeepseekV41HFConfig(PretrainedConfig):
 
     The checkpoint's own values are kept verbatim in `dsv41_values` and parsed by
     `DeepseekV41Config`; the RoPE fields are withheld from transformers (whose RoPE
-    standardization rewrites them) and from SGLang (which would rescale the context length).
+    standardization rewrites them) and from SGLang (which would rescale the context length), and
+    so is `quantization_config` (the released FP8/FP4 weights are dequantized by this package's
+    loader; SGLang must not set up its own FP8 linear layers for them).
     """
 
     model_type = MODEL_TYPE
@@ -69,4 +71,5 @@ class DeepseekV41HFConfig(PretrainedConfig):
 
 _CORE_FIELDS = tuple(f.name for f in dataclasses.fields(DeepseekV41Config)
                      if f.name not in ("extra", "torch_dtype"))
-_WITHHELD = ("rope_scaling", "rope_parameters", "rope_theta", "compress_rope_theta")
+_WITHHELD = ("rope_scaling", "rope_parameters", "rope_theta", "compress_rope_theta",
+             "quantization_config")

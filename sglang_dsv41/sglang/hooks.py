@@ -2,7 +2,8 @@
 
     create_memory_pool_configurator   size the pool from this model's real bytes per token
     KVCacheConfigurator._build_token_to_kv_pool   build DSV41KVPool instead of an MHA pool
-    ForwardBatch.init_new             record each request's decoder replay floor by request id
+    ForwardBatch.init_new             record each request's decoder replay floor (and, for Engram,
+                                      its token lists) by request id
                                       (the backend looks it up through ForwardBatch.rids; the
                                       batch object itself may be copied before the forward)
     Req._compute_max_prefix_len       with replay on, a radix hit stops at the request's floor,
@@ -62,6 +63,8 @@ def _init_new(result, cls, batch, *args, **kwargs):
     if runtime.active():
         for r in batch.reqs:
             runtime.remember_floor(r.rid, request_floor(r))
+            if runtime.STATE.cfg.engram_layer_ids:
+                runtime.remember_tokens(r.rid, r.origin_input_ids, r.output_ids)
     return result
 
 

@@ -15,14 +15,22 @@ from sglang_dsv41.sglang.serving_attention import attention_layer
 
 
 def run_layers(model, input_ids: torch.Tensor, ctx: BatchContext, pool) -> torch.Tensor:
-    """model: has cfg, embed, layers (Blocks), norm, residual. input_ids int64 [T] (the batch
-    rows in order) -> final normed hidden states [T, hidden] (zeros for rows dropped by replay)."""
+    """model: has cfg, embed, layers (Blocks), norm, residual, engram_hasher. input_ids int64 [T]
+    (the batch rows in order) -> final normed hidden states [T, hidden] (zeros for rows dropped
+    by replay). Engram layers rewrite the residual before their attention, with hash rows from
+    the n-gram windows in ctx.engram."""
     cfg = model.cfg
     rows = ctx.rows
     state = model.residual.init(model.embed(input_ids))
     floors = ctx.row_floors(rows)
     replaying = bool((rows.pos < floors).any())
+    hash_rows = None
+    if ctx.engram is not None:
+        hash_rows = model.engram_hasher.rows_from_windows(*ctx.engram)  # [T, n_layers, cols]
     for i, block in enumerate(model.layers):
+        if getattr(block, "engram", None) is not None:
+            hr = hash_rows[rows.ids, block.engram.hash_index]
+            state = model.residual.inject(state, lambda H, e=block.engram, r=hr: e(H, r))
         x_all = rows_all = None
         if i == cfg.decoder_start and replaying:
             x_all, rows_all = model.residual.attn_input(state, block), rows

@@ -16,11 +16,13 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.forward_context import get_attn_backend
 
 from sglang_dsv41.layers.block import Block
+from sglang_dsv41.layers.engram import build_engram_hasher
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.residual import build_residual
 from sglang_dsv41.sglang import runtime
 from sglang_dsv41.sglang.layer_loop import run_layers
 from sglang_dsv41.sglang.weights import load_named
+from sglang_dsv41.weights.checkpoint import dense_weights_from_release, is_release_format
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +39,22 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.residual = build_residual(cfg)
+        self.engram_hasher = None  # built from the checkpoint's tokenizer in load_weights
         self.logits_processor = LogitsProcessor(config)
         runtime.activate(cfg)
         logger.info("sglang_dsv41: DeepseekV41ForCausalLM, roles %s, decoder SWA bounded replay "
                     "%s", cfg.roles(), "on" if runtime.STATE.replay else "off")
 
     def load_weights(self, weights):
-        return load_named(self, weights, where=str(getattr(self.config, "_name_or_path", "")))
+        """Dense checkpoints load by name; the released FP8/FP4 format is dequantized on the
+        way (weights.checkpoint.dense_weights_from_release validates names, dtypes, shapes)."""
+        where = str(getattr(self.config, "_name_or_path", ""))
+        if is_release_format(self.cfg):
+            weights = dense_weights_from_release(weights, self.cfg, where)
+        loaded = load_named(self, weights, where=where)
+        if self.cfg.engram_layer_ids:
+            self.engram_hasher = build_engram_hasher(self.cfg, where or None)
+        return loaded
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):

@@ -69,3 +69,21 @@ def remember_floor(rid: str, floor: int) -> None:
 def floors_of(rids) -> list:
     """Replay floors of a batch's requests (0 where unknown: the full forward)."""
     return [_FLOORS.get(r, 0) for r in rids]
+
+
+_TOKENS: "OrderedDict[str, tuple]" = OrderedDict()
+
+
+def remember_tokens(rid: str, prompt, output) -> None:
+    """Keep references to a request's prompt and output token lists (Engram history)."""
+    _TOKENS[rid] = (prompt, output)
+    _TOKENS.move_to_end(rid)
+    while len(_TOKENS) > _FLOORS_KEPT:
+        _TOKENS.popitem(last=False)
+
+
+def tokens_at(rid: str, positions) -> list:
+    """Token ids of request `rid` at absolute positions (prompt, then output)."""
+    prompt, output = _TOKENS[rid]
+    n = len(prompt)
+    return [int(prompt[p]) if p < n else int(output[p - n]) for p in positions]

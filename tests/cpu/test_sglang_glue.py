@@ -126,3 +126,26 @@ def test_serve_command(monkeypatch, tmp_path):
     assert cmd[-3:] == ["--device", "cpu", "--sleep-on-idle"]
     cmd = serve.build_command(["--model-path", "X", "--device", "cuda"])
     assert "--sleep-on-idle" not in cmd and str(tmp_path) not in cmd
+
+
+def test_engram_history_windows_match_whole_sequence():
+    from sglang_dsv41.layers.engram import ngram_windows
+    from sglang_dsv41.sglang.engram_history import EngramHistory
+
+    g = torch.Generator().manual_seed(0)
+    seqs = {"a": torch.randint(0, 50, (23,), generator=g), "b": torch.randint(0, 50, (9,),
+                                                                             generator=g)}
+    lookup = lambda rid, pos: [int(seqs[rid][p]) for p in pos]  # noqa: E731
+    hist = EngramHistory(3)
+    # a: chunks [0, 10), [10, 17), decode 17, 18; b: radix hit at 4, then [4, 9)
+    steps = [([("a", 0, 10)]), ([("a", 10, 7), ("b", 4, 5)]), ([("a", 17, 1)]), ([("a", 18, 1)])]
+    for step in steps:
+        rows = build_rows([p for _, p, _ in step], [n for _, _, n in step])
+        ids = torch.cat([seqs[r][p:p + n] for r, p, n in step])
+        rp = [0 if r == "a" else 1 for r, _, _ in step]
+        tok, blk = hist.windows(rows, ids, rp, [r for r, _, _ in step], lookup)
+        for b, (r, p, n) in enumerate(step):
+            st, _ = rows.spans[b]
+            want_t, want_b = ngram_windows(seqs[r], torch.arange(len(seqs[r])), 3)
+            assert torch.equal(tok[st:st + n], want_t[p:p + n]), (r, p)
+            assert torch.equal(blk[st:st + n], want_b[p:p + n]), (r, p)

@@ -17,6 +17,7 @@ from sglang_dsv41.config import preset  # noqa: E402
 from sglang_dsv41.reference.model import ReferenceModel  # noqa: E402
 from sglang_dsv41.sglang.buffers import RecordBuffers  # noqa: E402
 from sglang_dsv41.sglang.context import BatchContext, build_rows  # noqa: E402
+from sglang_dsv41.sglang.engram_history import EngramHistory  # noqa: E402
 from sglang_dsv41.sglang.layer_loop import run_layers  # noqa: E402
 
 PAGE = 2
@@ -33,6 +34,9 @@ class ToyEngine:
         self.free = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()  # page 0 = padding
         self.req_to_token = torch.zeros(9, max_len, dtype=torch.int32)
         self.lens = {}
+        if self.cfg.engram_layer_ids:
+            self.history = EngramHistory(self.cfg.engram_max_ngram_size)
+            self.lookup = None  # requests here never start after a radix hit
 
     def _slot(self, r, pos):
         if pos % PAGE == 0:
@@ -60,6 +64,9 @@ class ToyEngine:
                            req_to_token=self.req_to_token, seq_lens=seq,
                            floors=floors or [0] * len(work), out_loc=torch.tensor(out_loc))
         ids = torch.tensor([t for _, toks in work for t in toks], dtype=torch.int64)
+        if self.cfg.engram_layer_ids:
+            ctx.engram = self.history.windows(ctx.rows, ids, [r for r, _ in work],
+                                              [r for r, _ in work], self.lookup)
         h = run_layers(self.model, ids, ctx, self.pool)
         for (r, _), s in zip(work, seq):
             self.lens[r] = s
