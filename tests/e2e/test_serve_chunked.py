@@ -1,6 +1,9 @@
-"""Replay off, chunked prefill forced small (odd, so chunks end mid ratio-2 pair): same outputs."""
+"""Replay off, chunked prefill forced small (38 tokens; SGLang needs a multiple of the page size)
+and mixed batches (`--enable-mixed-chunk`: prefill chunks share forwards with decodes): same
+outputs as the reference."""
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -11,7 +14,7 @@ from e2e.conftest import MAX_NEW, start_server
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_dir):
     s = start_server(tmp_path_factory, tiny_dir, "chunked", "--no-enable-decoder-swa-bounded-replay",
-                     "--chunked-prefill-size", "38")
+                     "--chunked-prefill-size", "38", "--enable-mixed-chunk")
     yield s
     s.stop()
 
@@ -21,4 +24,7 @@ def test_chunked_prefill_equals_reference(server, oracle, prompts):
         outs = list(ex.map(lambda p: server.generate(p, MAX_NEW)["output_ids"], prompts))
     for p, got in zip(prompts, outs):
         assert got == oracle.generate(p, MAX_NEW, replay=False), f"prompt of {len(p)} tokens"
-    assert "chunked_prefill_size': 38" in server.log()
+    log = server.log()
+    assert "chunked_prefill_size': 38" in log and "'enable_mixed_chunk': True" in log
+    # at least one prefill forward ran while other requests were decoding (a mixed batch)
+    assert re.search(r"Prefill batch.*#running-req: [1-9]", log)
