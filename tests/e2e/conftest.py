@@ -56,9 +56,15 @@ def prompts(oracle):
     return prompt_set(oracle.vocab)
 
 
-def start_server(tmp_path_factory, tiny_dir, name: str, *args) -> Server:
+# SGLang's own test switch: retract running decode requests every 3 forwards (they are freed
+# and re-prefilled later, through the radix cache), so retraction runs under real traffic.
+RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1"}
+RETRACTED = r"Testing retraction\. #retracted_reqs: [1-9]"
+
+
+def start_server(tmp_path_factory, tiny_dir, name: str, *args, env=None) -> Server:
     log = tmp_path_factory.mktemp("logs") / f"{name}.log"
-    return Server(tiny_dir, str(log), args)
+    return Server(tiny_dir, str(log), args, env)
 
 
 def pytest_configure(config):

@@ -56,7 +56,7 @@ def post_stream(url: str, body, timeout: float = 120.0) -> list:
 
 
 class Server:
-    def __init__(self, model_dir: str, log_path: str, args=()):
+    def __init__(self, model_dir: str, log_path: str, args=(), env=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -65,7 +65,7 @@ class Server:
                "--sleep-on-idle", *args]
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env={**os.environ, **(env or {})})
         try:
             self._wait_ready()
         except BaseException:

@@ -1,6 +1,6 @@
-"""Replay off, chunked prefill forced small (38 tokens; SGLang needs a multiple of the page size)
-and mixed batches (`--enable-mixed-chunk`: prefill chunks share forwards with decodes): same
-outputs as the reference."""
+"""Replay off, chunked prefill forced small (38 tokens; SGLang needs a multiple of the page size),
+mixed batches (`--enable-mixed-chunk`: prefill chunks share forwards with decodes) and forced
+retraction (SGLANG_TEST_RETRACT): same outputs as the reference."""
 from __future__ import annotations
 
 import re
@@ -8,13 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from e2e.conftest import MAX_NEW, start_server
+from e2e.conftest import MAX_NEW, RETRACT_ENV, RETRACTED, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_dir):
     s = start_server(tmp_path_factory, tiny_dir, "chunked", "--no-enable-decoder-swa-bounded-replay",
-                     "--chunked-prefill-size", "38", "--enable-mixed-chunk")
+                     "--chunked-prefill-size", "38", "--enable-mixed-chunk", env=RETRACT_ENV)
     yield s
     s.stop()
 
@@ -28,3 +28,4 @@ def test_chunked_prefill_equals_reference(server, oracle, prompts):
     assert "chunked_prefill_size': 38" in log and "'enable_mixed_chunk': True" in log
     # at least one prefill forward ran while other requests were decoding (a mixed batch)
     assert re.search(r"Prefill batch.*#running-req: [1-9]", log)
+    assert re.search(RETRACTED, log)
