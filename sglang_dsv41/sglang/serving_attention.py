@@ -69,43 +69,55 @@ def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
     """Full layer: write the main-KV and index-K entries completed by these rows.
 
     Ratio 2 pairs tokens (2j, 2j + 1); a request's unpaired even token waits in
-    pool.pending[layer][request slot] until its partner arrives in a later forward.
+    pool.pending[layer][request slot] until its partner arrives in a later forward. The
+    completed entries of all requests are encoded in one batch.
     """
     i, r = attn.layer_id, attn.ratio
     layout = main_layout(attn.cfg)
     c, z = attn.compressor.project(x)  # [T, D] fp32 each (z None at ratio 1)
+    groups_c, groups_z, positions, dst = [], [], [], []
     for b, (s, n) in enumerate(rows.spans):
         if n == 0:
             continue
         p0, rp = int(rows.pos[s]), int(ctx.req_pool[b])
-        cb = c[s:s + n]
-        zb = z[s:s + n] if z is not None else None
         pending = None
         if r == 2 and p0 % 2:
             pending = (pool.pending[i][rp, 0:1], pool.pending[i][rp, 1:2])
-        cg, zg, ids, rest = stream_groups(r, p0, cb, zb, pending)
+        cg, zg, ids, rest = stream_groups(r, p0, c[s:s + n], z[s:s + n] if z is not None else None,
+                                          pending)
         if rest is not None:
             pool.pending[i][rp, 0] = rest[0][0]
             pool.pending[i][rp, 1] = rest[1][0]
-        if ids.numel() == 0:
-            continue
-        latent = attn.compressor.pool(cg, zg)  # [m, D]
-        entry_pos = ids * r
-        dst = pool.entry_rows(i, ctx.slots(b, entry_pos))
-        pool.main[i][dst] = pack(layout, attn.main_kv(latent, entry_pos))
-        pool.index_k[i][dst] = pack(Layout.INDEX_K, _index_k_prequant(attn, latent, entry_pos))
+        if ids.numel():
+            groups_c.append(cg)
+            groups_z.append(zg)
+            positions.append(ids * r)
+            dst.append(pool.entry_rows(i, ctx.slots(b, ids * r)))
+    if not groups_c:
+        return
+    zg = torch.cat(groups_z) if z is not None else None
+    latent = attn.compressor.pool(torch.cat(groups_c), zg)  # [m, D]
+    entry_pos, dst = torch.cat(positions), torch.cat(dst)
+    pool.main[i][dst] = pack(layout, attn.main_kv(latent, entry_pos))
+    pool.index_k[i][dst] = pack(Layout.INDEX_K, _index_k_prequant(attn, latent, entry_pos))
 
 
 def source_entries(cfg, src: int, b: int, ctx: BatchContext, pool):
-    """(main fp32 [n, D], index K fp32 [n, DI]) of request b from kv source src, n = seq // r."""
+    """(main fp32 [n, D], index K fp32 [n, DI]) of request b from kv source src, n = seq // r.
+    Decoded once per forward for every request of the batch."""
     key = ("kv", src, b)
     if key not in ctx.shared:
         r = cfg.ratio(src)
-        n = ctx.seq_lens[b] // r
-        first = torch.arange(n, dtype=torch.int64) * r
-        rows = pool.entry_rows(src, ctx.slots(b, first))
-        ctx.shared[key] = (unpack(main_layout(cfg), pool.main[src][rows]),
-                           unpack(Layout.INDEX_K, pool.index_k[src][rows]))
+        n = torch.tensor(ctx.seq_lens, dtype=torch.int64) // r  # [B]
+        nmax = max(int(n.max()), 1)
+        j = torch.minimum(torch.arange(nmax)[None, :], (n - 1).clamp_min(0)[:, None])  # [B, N]
+        slots = ctx.req_to_token[ctx.req_pool[:, None], j * r].long()
+        rows = pool.entry_rows(src, slots)
+        main = unpack(main_layout(cfg), pool.main[src][rows])  # [B, N, D]
+        index = unpack(Layout.INDEX_K, pool.index_k[src][rows])  # [B, N, DI]
+        for bb in range(len(ctx.seq_lens)):
+            nb = int(n[bb])
+            ctx.shared[("kv", src, bb)] = (main[bb, :nb], index[bb, :nb])
     return ctx.shared[key]
 
 
