@@ -9,6 +9,7 @@ unpack(pack(x)) is bit-identical to the reference's fake_quant(x), so the values
 
 Within one forward, `ctx.shared` passes state from source layers to their consumers:
     ("kv", src, b)  -> (main fp32 [n_b, D], index K fp32 [n_b, DI]) entries visible to request b
+    ("kv_all", src) -> main fp32 [B, N, D], every request's entries padded to the longest
     ("topk", layer) -> int64 [T_batch, TOPK], -1 padded, rows = batch row ids
     ("pool", b)     -> (first batch row id, bool [t_b, n_b]) candidate pool of request b
 """
@@ -115,6 +116,7 @@ def source_entries(cfg, src: int, b: int, ctx: BatchContext, pool):
         rows = pool.entry_rows(src, slots)
         main = unpack(main_layout(cfg), pool.main[src][rows])  # [B, N, D]
         index = unpack(Layout.INDEX_K, pool.index_k[src][rows])  # [B, N, DI]
+        ctx.shared[("kv_all", src)] = main  # rows past n_b repeat entry n_b - 1 (or 0)
         for bb in range(len(ctx.seq_lens)):
             nb = int(n[bb])
             ctx.shared[("kv", src, bb)] = (main[bb, :nb], index[bb, :nb])
@@ -148,17 +150,11 @@ def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.T
 
 
 def gather_topk(attn, topk: torch.Tensor, rows: Rows, ctx: BatchContext, pool):
-    """Selected main-KV entries: (k fp32 [T, TOPK, D], ok bool [T, TOPK])."""
-    cfg = attn.cfg
-    src = cfg.source_layer_of(attn.layer_id)
-    k_top = torch.zeros(rows.n, topk.shape[1], cfg.head_dim, dtype=torch.float32)
-    for b, (s, n) in enumerate(rows.spans):
-        if n == 0:
-            continue
-        main, _ = source_entries(cfg, src, b, ctx, pool)
-        if main.shape[0]:
-            k_top[s:s + n] = main[topk[s:s + n].clamp_min(0)]
-    return k_top, topk >= 0
+    """Selected main-KV entries: (k fp32 [T, TOPK, D], ok bool [T, TOPK]); -1 slots are masked."""
+    src = attn.cfg.source_layer_of(attn.layer_id)
+    source_entries(attn.cfg, src, 0, ctx, pool)  # decodes the whole batch's entries once
+    main = ctx.shared[("kv_all", src)]  # [B, N, D]
+    return main[rows.req[:, None], topk.clamp_min(0)], topk >= 0
 
 
 def attention_layer(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor,
