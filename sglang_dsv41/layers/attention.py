@@ -15,6 +15,7 @@ from torch import nn
 from sglang_dsv41.config import FULL
 from sglang_dsv41.layers.compressor import Compressor
 from sglang_dsv41.layers.indexer import Indexer
+from sglang_dsv41.layers.linear import Linear, stable_linear
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.rope import apply_rope, rope_inv_freq
 
@@ -28,14 +29,14 @@ class MqaAttentionBase(nn.Module):
         self.n_heads, self.head_dim = H, D
         self.o_groups, self.o_lora_rank = cfg.o_groups, cfg.o_lora_rank
         self.scale = cfg.softmax_scale
-        self.wq_a = nn.Linear(hid, cfg.q_lora_rank, bias=False)
+        self.wq_a = Linear(hid, cfg.q_lora_rank)
         self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-        self.wq_b = nn.Linear(cfg.q_lora_rank, H * D, bias=False)
-        self.wkv = nn.Linear(hid, D, bias=False)
+        self.wq_b = Linear(cfg.q_lora_rank, H * D)
+        self.wkv = Linear(hid, D)
         self.kv_norm = RMSNorm(D, cfg.rms_norm_eps)
         self.attn_sink = nn.Parameter(torch.zeros(H, dtype=torch.float32))
-        self.wo_a = nn.Linear(H * D // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, bias=False)
-        self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, hid, bias=False)
+        self.wo_a = Linear(H * D // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank)
+        self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, hid)
         self.compressor = Compressor(cfg, layer) if self.role == FULL else None
         is_index = layer in cfg.index_source_layer_ids and self.ratio > 0
         self.indexer = Indexer(cfg, layer, owns_keys=self.role == FULL) if is_index else None
@@ -62,5 +63,5 @@ class MqaAttentionBase(nn.Module):
         T, G, R = o.shape[0], self.o_groups, self.o_lora_rank
         og = o.reshape(T, G, -1).to(self.wo_a.weight.dtype)  # [T, G, H*D/G]
         wa = self.wo_a.weight.view(G, R, -1)  # [G, R, H*D/G]
-        z = torch.einsum("tgc,grc->tgr", og, wa).reshape(T, G * R)  # [T, G*R]
+        z = torch.cat([stable_linear(og[:, g], wa[g]) for g in range(G)], dim=1)  # [T, G*R]
         return self.wo_b(z)

@@ -10,6 +10,7 @@ latent also feeds the index-K projection (Indexer.keys).
 import torch
 from torch import nn
 
+from sglang_dsv41.layers.linear import Linear
 from sglang_dsv41.layers.norm import RMSNorm
 
 
@@ -18,8 +19,8 @@ class Compressor(nn.Module):
         super().__init__()
         self.ratio = cfg.ratio(layer)
         D, hid = cfg.head_dim, cfg.hidden_size
-        self.wkv = nn.Linear(hid, D, bias=False)
-        self.wgate = nn.Linear(hid, D, bias=False) if self.ratio > 1 else None
+        self.wkv = Linear(hid, D)
+        self.wgate = Linear(hid, D) if self.ratio > 1 else None
         self.norm = RMSNorm(D, cfg.rms_norm_eps)
 
     def project(self, x: torch.Tensor):

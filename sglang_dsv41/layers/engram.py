@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from sglang_dsv41.layers.linear import stable_linear
+
 HASH_SEED = 10007
 GATE_CLAMP = 1e-6
 _WITNESSES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
@@ -256,5 +258,5 @@ class Engram(nn.Module):
 
     def forward(self, H: Tensor, rows: Tensor) -> Tensor:
         e = self.embed.weight[rows].float().flatten(1)  # [T, cols * head_dim]
-        kv = e @ self.wkv.weight.float().t()  # [T, (S+1) d]
+        kv = stable_linear(e, self.wkv.weight.float())  # [T, (S+1) d]
         return engram_gate(H, kv, self.q_weight, self.k_weight, self.eps)

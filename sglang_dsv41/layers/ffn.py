@@ -10,13 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_dsv41.layers.linear import Linear, stable_linear
+
 
 class Expert(nn.Module):
     def __init__(self, hidden: int, inter: int, limit: float):
         super().__init__()
-        self.w1 = nn.Linear(hidden, inter, bias=False)
-        self.w2 = nn.Linear(inter, hidden, bias=False)
-        self.w3 = nn.Linear(hidden, inter, bias=False)
+        self.w1 = Linear(hidden, inter)
+        self.w2 = Linear(inter, hidden)
+        self.w3 = Linear(hidden, inter)
         self.limit = limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +51,7 @@ class Gate(nn.Module):
 
     def forward(self, x: torch.Tensor):
         """x [T, hidden] -> (weights fp32 [T, k], expert ids int64 [T, k])."""
-        s = router_scores(F.linear(x.float(), self.weight.float()), self.func)  # [T, E]
+        s = router_scores(stable_linear(x.float(), self.weight.float()), self.func)  # [T, E]
         idx = torch.topk(s + self.bias.float(), self.topk, dim=-1).indices  # [T, k]
         w = s.gather(1, idx)
         if self.norm:

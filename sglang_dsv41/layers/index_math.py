@@ -10,13 +10,17 @@ holding the newest visible entry, and keeps the top blocks (ties -> lower block 
 """
 import torch
 
+from sglang_dsv41.layers.linear import stable_linear
+
 NEG_INF = float("-inf")
 
 
 def index_scores(qI: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """qI [T, HI, DI], w [T, HI], k [N, DI] -> fp32 [T, N]."""
-    dots = torch.einsum("thd,nd->thn", qI.float(), k.float())  # [T, HI, N]
-    return torch.einsum("th,thn->tn", w.float(), dots.clamp_min(0))
+    T, HI, DI = qI.shape
+    dots = stable_linear(qI.float().reshape(T * HI, DI), k.float()).view(T, HI, -1)  # [T, HI, N]
+    # A plain sum over heads: its order does not depend on N (an einsum's batched GEMV would).
+    return (w.float()[:, :, None] * dots.clamp_min(0)).sum(1)
 
 
 def visible_mask(pos: torch.Tensor, ratio: int, n: int) -> torch.Tensor:

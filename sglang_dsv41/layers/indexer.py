@@ -8,6 +8,7 @@ RoPE uses the layer's compressed-rope tables; entry j of a ratio-r layer sits at
 import torch
 from torch import nn
 
+from sglang_dsv41.layers.linear import Linear
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.quant import quant_index
 from sglang_dsv41.layers.rope import apply_rope
@@ -17,9 +18,9 @@ class Indexer(nn.Module):
     def __init__(self, cfg, layer: int, owns_keys: bool):
         super().__init__()
         self.n_heads, self.head_dim = cfg.index_n_heads, cfg.index_head_dim
-        self.wq_b = nn.Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, bias=False)
-        self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
-        self.wk = nn.Linear(cfg.head_dim, self.head_dim, bias=False) if owns_keys else None
+        self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim)
+        self.weights_proj = Linear(cfg.hidden_size, self.n_heads)
+        self.wk = Linear(cfg.head_dim, self.head_dim) if owns_keys else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if owns_keys else None
         self.w_scale = self.head_dim ** -0.5 * self.n_heads ** -0.5
 

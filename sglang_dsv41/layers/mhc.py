@@ -31,6 +31,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from sglang_dsv41.layers.linear import stable_linear
+
 
 def mix_width(hc_mult: int) -> int:
     """Number of mixing values per token: S pre + S post + S*S comb (24 at S = 4)."""
@@ -63,7 +65,7 @@ def hc_mix(
     T, S, d = H.shape
     x = H.reshape(T, S * d).float()  # [T, S*d]
     rstd = torch.rsqrt(x.square().mean(-1, keepdim=True) + rms_eps)  # [T, 1]
-    m = (x @ fn.float().t()) * rstd  # [T, (2+S)*S]
+    m = stable_linear(x, fn.float()) * rstd  # [T, (2+S)*S]
     b, s = base.float(), scale.float()
     pre = torch.sigmoid(m[:, :S] * s[0] + b[:S]) + hc_eps
     post = 2.0 * torch.sigmoid(m[:, S:2 * S] * s[1] + b[S:2 * S])

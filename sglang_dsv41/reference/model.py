@@ -21,6 +21,7 @@ from torch import nn
 
 from sglang_dsv41.config import FULL, DeepseekV41Config
 from sglang_dsv41.layers.block import Block
+from sglang_dsv41.layers.linear import Linear
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.residual import build_residual
 from sglang_dsv41.reference.attention import SharedState, attention_layer
@@ -33,7 +34,7 @@ class ReferenceModel(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.head = Linear(cfg.hidden_size, cfg.vocab_size)
         self.residual = build_residual(cfg)
         self.engram_hasher = None  # built on first use (identity map) or by from_pretrained
         for i in range(cfg.decoder_start + 1, cfg.num_hidden_layers):
