@@ -164,3 +164,40 @@ def test_kernel_path_under_triton_interpreter():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
     assert "INTERP_OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+_INTERP_INDEXER = textwrap.dedent("""
+    import sys, torch
+    sys.modules.setdefault("sglang", None)
+    sys.path.insert(0, %r)
+    import sglang_dsv41.kernels.indexer as ki
+    ki.use_triton = lambda device: True  # the Triton indexer on CPU tensors (interpreter)
+    import test_kernel_path as t
+    from sglang_dsv41.config import preset
+    from sglang_dsv41.reference.model import ReferenceModel
+    from sglang_dsv41.serving import kernel_path as kp
+    from sglang_dsv41.sglang import layer_loop
+    cfg = preset("tiny")  # indexer shapes the Triton indexer takes: DI 128, HI 16, blocks of 8
+    cfg.index_head_dim, cfg.index_n_heads, cfg.candidate_block_size = 128, 16, 8
+    assert kp._indexer_fast(cfg)
+    torch.manual_seed(0)
+    m = ReferenceModel(cfg).eval()
+    probe = t.Probe()
+    layer_loop.attention_layer = probe
+    with torch.no_grad():
+        t.serve(t.ToyEngine(m, layer_loop.run_layers), t.prompts([75], seed=4), 1, chunk=40)
+    print(probe.counts)
+    assert probe.counts["topk"] >= 10
+    print("INTERP_OK")
+""")
+
+
+def test_triton_indexer_in_serving_under_interpreter():
+    """The Triton indexer (full_topk, candidate_source, reindex over page-size-1 entry tables)
+    picks serving_attention's top-k sets at every indexer layer of a chunked prefill."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    code = _INTERP_INDEXER % os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert "INTERP_OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
