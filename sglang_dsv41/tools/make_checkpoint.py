@@ -1,6 +1,11 @@
 """Write a seeded random V4.1 checkpoint: config.json, model.safetensors and a tokenizer.
 
     python -m sglang_dsv41.tools.make_checkpoint --preset tiny --out DIR [--seed 0] [--force]
+    python -m sglang_dsv41.tools.make_checkpoint --preset flash-mini --out DIR    (released format)
+    python -m sglang_dsv41.tools.make_checkpoint --preset flash-shapes [--check DIR] [--list]
+
+The two released-format presets are handled by `tools.release_checkpoint` (FP8/FP4 weights with
+UE8M0 scales, mHC, Engram; flash-shapes prints or checks the full-size manifest, no weights).
 
 config.json has the released layout: `architectures`, `model_type`, `torch_dtype`, bos / eos ids
 and what SGLang reads (`vision_n_layers: 0`, `tie_word_embeddings: false`) at the top level, the
@@ -143,12 +148,25 @@ def _progress(done: int, total: int, what: str) -> None:
         sys.stderr.write(f"{what}: {done}/{total}\n")
 
 
+RELEASE_PRESETS = ("flash-mini", "flash-shapes")
+"""Released-format presets, handled by tools.release_checkpoint (FP8/FP4 weights, mHC, Engram)."""
+
+
 def main(argv=None) -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset")
+    known, _ = pre.parse_known_args(argv)
+    if known.preset in RELEASE_PRESETS:
+        from sglang_dsv41.tools.release_checkpoint import main as release_main
+
+        return release_main(argv)
     parser = argparse.ArgumentParser(
         prog="python -m sglang_dsv41.tools.make_checkpoint",
         description="Write a seeded random DeepSeek-V4.1 checkpoint with a tokenizer.")
     parser.add_argument("--preset", default="tiny", help=f"one of {sorted(PRESETS)} "
-                        f"(weights refused for {', '.join(TOO_BIG)}: too big)")
+                        f"(weights refused for {', '.join(TOO_BIG)}: too big), or "
+                        f"{' / '.join(RELEASE_PRESETS)} (released format, see "
+                        "tools.release_checkpoint)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")

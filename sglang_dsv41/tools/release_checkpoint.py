@@ -161,8 +161,9 @@ def write_flash_mini(out_dir, seed: int = 0, force: bool = False) -> Path:
     return out
 
 
-def flash_shapes(check_dir=None, list_all: bool = False, stream=sys.stdout) -> dict:
+def flash_shapes(check_dir=None, list_all: bool = False, stream=None) -> dict:
     """Print the full-size manifest summary (or every entry); validate `check_dir` against it."""
+    stream = sys.stdout if stream is None else stream
     cfg = flash_config()
     manifest = release_manifest(cfg)
     kinds = collections.Counter()

@@ -136,3 +136,16 @@ def test_stream_loader_equals_directory_loader(mini):
     items[3] = (items[3][0], items[3][1][:1])
     with pytest.raises(WeightFormatError, match=re.escape(items[3][0])):
         dict(dense_weights_from_release(items, cfg))
+
+
+def test_make_checkpoint_dispatch(tmp_path, capsys, mini):
+    """`make_checkpoint --preset flash-shapes|flash-mini` reach the released-format tools."""
+    from sglang_dsv41.tools.make_checkpoint import main
+
+    assert main(["--preset", "flash-shapes"]) == 0
+    assert "93418 tensors, 466.95 GiB" in capsys.readouterr().out
+    assert main(["--preset", "flash-shapes", "--check", str(mini)]) == 1  # mini != full size
+    assert "tensor problem" in capsys.readouterr().err
+    out = tmp_path / "m"
+    assert main(["--preset", "flash-mini", "--out", str(out)]) == 0
+    assert (out / SHARDS[0]).read_bytes() == (mini / SHARDS[0]).read_bytes()  # same seed
