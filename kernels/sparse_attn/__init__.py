@@ -25,7 +25,7 @@ def sparse_attention(q: Tensor, swa_cache: Tensor | None, swa_slots: Tensor | No
                      out: Tensor | None = None, **launch) -> Tensor:
     """o [T, H, D]: per token and head, softmax over SWA + top-k logits (x scale) and the sink.
 
-    q [T, H, D] bf16 (H any, 8..128 typical; D a power of two >= 64, 512 in V4.1);
+    q [T, H, D] bf16, or fp32 for the exact path (H any, 8..128 typical; D a power of two >= 64, 512 in V4.1);
     swa_cache uint8 [..., D + D/32] (V41; leading dims flatten to slots) and swa_slots int32
     [T, W] (-1 = skip); kv_cache uint8 [..., record_bytes(kv_layout, D)] (V41_FP4 or V41) and
     topk_slots int32 [T, TOPK] (-1 = skip); either pair may be None (SWA-only layers);

@@ -83,15 +83,16 @@ def _deq_v41_fp4(b_v, b_s, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _attend_tile(b_q, b_k, valid, m_i, l_i, acc, qk_scale):
-    """Online-softmax step over one K tile. b_q [BH, D], b_k [BN, D] (bf16), valid [BN]."""
-    s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BH, BN], base-2 logits
+def _attend_tile(b_q, b_k, valid, m_i, l_i, acc, qk_scale, PREC: tl.constexpr):
+    """Online-softmax step over one K tile. b_q [BH, D], b_k [BN, D] (bf16, or fp32 with
+    PREC = "ieee" for the exact path), valid [BN]."""
+    s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale  # [BH, BN], base-2 logits
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])  # [BH, BN]
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(b_k.dtype), b_k)  # [BH, D]
+    acc = acc * alpha[:, None] + tl.dot(p.to(b_k.dtype), b_k, input_precision=PREC)  # [BH, D]
     return m_new, l_i, acc
 
 
@@ -106,9 +107,11 @@ def _sparse_attn_kernel(
     H, W, TOPK, qk_scale,
     D: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, KV_FP4: tl.constexpr,
     HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, ROUND_Q: tl.constexpr, PREC: tl.constexpr,
 ):
-    # DOT_FP32 only for TRITON_INTERPRET=1 (its bf16 dot is wrong); on GPUs the dots are bf16.
+    # DOT_FP32: fp32 tiles, for TRITON_INTERPRET=1 (its bf16 dot is wrong) and for the exact
+    # path (fp32 q, PREC = "ieee": true fp32 products, as the torch reference computes them).
+    # Otherwise the dots are bf16; ROUND_Q rounds q to bf16 first (the fast path's semantics).
     DT: tl.constexpr = tl.float32 if DOT_FP32 else tl.bfloat16
     i_t = tl.program_id(0).to(tl.int64)
     i_hb = tl.program_id(1)
@@ -117,7 +120,10 @@ def _sparse_attn_kernel(
     m_h = o_h < H
     o_d = tl.arange(0, D)
     p_q = q_ptr + i_t * stride_qt + o_h[:, None] * stride_qh + o_d[None, :]
-    b_q = tl.load(p_q, mask=m_h[:, None], other=0.0).to(tl.bfloat16).to(DT)  # [BH, D]
+    b_q = tl.load(p_q, mask=m_h[:, None], other=0.0)
+    if ROUND_Q:
+        b_q = b_q.to(tl.bfloat16)
+    b_q = b_q.to(DT)  # [BH, D]
 
     m_i = tl.full([BH], -1e30, tl.float32)
     l_i = tl.zeros([BH], tl.float32)
@@ -143,7 +149,7 @@ def _sparse_attn_kernel(
             else:
                 k_v, k_s = _raw_v41(kv_ptr, kv_stride, idx, D)
                 b_k = _deq_v41(k_v, k_s, D, BN, DT)
-        m_i, l_i, acc = _attend_tile(b_q, b_k, idx >= 0, m_i, l_i, acc, qk_scale)
+        m_i, l_i, acc = _attend_tile(b_q, b_k, idx >= 0, m_i, l_i, acc, qk_scale, PREC)
 
     p_o = o_ptr + i_t * stride_ot + i_s * stride_os + o_h[:, None] * stride_oh + o_d[None, :]
     if SPLIT:
@@ -207,13 +213,16 @@ def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, 
                      num_warps: int | None = None, num_stages: int = 1):
     """Launch; arguments as validated by `kernels.sparse_attn.sparse_attention`.
 
-    q [T, H, D] bf16 (last dim contiguous); swa_flat uint8 [S, D + D/32] and swa_slots int32
+    q [T, H, D] bf16, or fp32 for the exact path (fp32 tiles, IEEE dots: the torch reference's
+    arithmetic up to summation order, several times slower); swa_flat uint8 [S, D + D/32] and swa_slots int32
     [T, W]; kv_flat uint8 [S', B] and topk_slots int32 [T, TOPK]; attn_sink fp32 [H] or None;
     out [T, H, D] (bf16 or fp32) written in place. W or TOPK may be 0 (pass a dummy cache).
     """
     T, H, D = q.shape
     if T == 0:
         return out
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    exact = q.dtype == torch.float32  # fp32 q: fp32 tiles and IEEE products (exact path)
     W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
     BH = block_h or min(64, max(16, triton.next_power_of_2(H)))
     if block_h is None and T * triton.cdiv(H, 64) < 8:
@@ -241,7 +250,8 @@ def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, 
         sink, o_t, *o_args, lse,
         H, W, TOPK, scale * LOG2E,
         D=D, BH=BH, BN=block_n, KV_FP4=kv_fp4, HAS_SINK=attn_sink is not None,
-        SPLIT=split, NUM_SPLITS=ns, DOT_FP32=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        SPLIT=split, NUM_SPLITS=ns, DOT_FP32=interpret or exact, ROUND_Q=not exact,
+        PREC="ieee" if exact else "tf32",
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:

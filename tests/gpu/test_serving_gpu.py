@@ -261,11 +261,11 @@ def test_kernel_path_against_cpu_reference(models, report, monkeypatch, case):
         monkeypatch.delenv("DSV41_FORCE_REF", raising=False)
     report["e2e_" + case] = res
     print(case, json.dumps(res))
-    # Bounds from the H200 run of 2026-11-29 (docs/gpu_serving.md): torch on CUDA 29/30 and
-    # 18/18 (one flip, at a 0.004 gap); Triton 25/30 and 12/18, the same as rounding the
-    # queries to bf16 in the CPU path (23/30, 15/18): bf16 attention, not a wiring error. The
-    # per-layer probe above is the exact check; these guard against gross breakage.
-    for name, floor_frac in (("torch_on_cuda", 0.9), ("triton", 0.6)):
+    # The layer passes fp32 queries, so the attention kernel takes its exact path (fp32 tiles,
+    # IEEE products). Before that path existed the kernel rounded q to bf16 and agreed on only
+    # 25/30 and 12/18 teacher-forced tokens (H200, 2026-11-29, docs/gpu_serving.md). Both paths
+    # must now agree with the CPU oracle except at near-ties.
+    for name in ("torch_on_cuda", "triton"):
         agree, n = map(int, res[name]["forced_agree"].split("/"))
-        assert agree >= floor_frac * n, (name, res[name])
-    assert all(g < 0.05 for g in res["torch_on_cuda"]["forced_flip_gaps"]), res
+        assert agree >= 0.9 * n, (name, res[name])
+        assert all(g < 0.05 for g in res[name]["forced_flip_gaps"]), (name, res[name])
