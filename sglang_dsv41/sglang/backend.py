@@ -57,9 +57,14 @@ class DSV41AttnBackend(AttentionBackend):
                                          fb.rids, runtime.tokens_at)
         # Kept on the batch, not the backend: SGLang may prepare the next batch's metadata
         # while this one is still running (overlap scheduling).
-        fb.dsv41_context = BatchContext(rows=rows, req_pool=req_pool,
+        # Batch tensors live where the pool lives: on CUDA the layers take the kernel path
+        # (serving.kernel_path), which wants them on the device.
+        dev = self.req_to_token.device
+        if dev.type != "cpu":
+            rows.ids, rows.pos, rows.req = rows.ids.to(dev), rows.pos.to(dev), rows.req.to(dev)
+        fb.dsv41_context = BatchContext(rows=rows, req_pool=req_pool.to(dev),
                                         req_to_token=self.req_to_token, seq_lens=seq_lens,
-                                        floors=list(floors), out_loc=fb.out_cache_loc.long().cpu(),
+                                        floors=list(floors), out_loc=fb.out_cache_loc.long().to(dev),
                                         engram=engram)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):

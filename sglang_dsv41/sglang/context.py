@@ -66,7 +66,7 @@ class BatchContext:
         return self.req_to_token[self.req_pool[b], positions].long()
 
     def row_floors(self, rows: Rows) -> torch.Tensor:
-        return torch.tensor(self.floors, dtype=torch.int64)[rows.req]
+        return torch.tensor(self.floors, dtype=torch.int64, device=rows.req.device)[rows.req]
 
 
 def build_rows(prefix_lens: list, extend_lens: list) -> Rows:

@@ -1,7 +1,8 @@
 """The model's layer loop over a served batch (pure torch; the model class wraps it for SGLang).
 
-The reference's loop (reference/model.py) with cached attention: `serving_attention` reads and
-writes the pool through the batch context. Bounded replay (DESIGN.md 5): at the first decoder
+The reference's loop (reference/model.py) with cached attention that reads and writes the pool
+through the batch context: `serving_attention` (torch) on CPU, `serving.kernel_path` (the Triton
+kernels on SM90+, their torch references elsewhere) when the batch lives on a CUDA device. Bounded replay (DESIGN.md 5): at the first decoder
 layer, rows of a request below its floor are dropped after the decoder's Full layer has taken
 its attention input over every row (its compressor runs over all tokens); dropped rows come out
 as zero hidden states (their logits are never used).
@@ -11,14 +12,21 @@ from __future__ import annotations
 import torch
 
 from sglang_dsv41.sglang.context import BatchContext
-from sglang_dsv41.sglang.serving_attention import attention_layer
+from sglang_dsv41.sglang import serving_attention
 
 
-def run_layers(model, input_ids: torch.Tensor, ctx: BatchContext, pool) -> torch.Tensor:
+def run_layers(model, input_ids: torch.Tensor, ctx: BatchContext, pool,
+               attention=None) -> torch.Tensor:
     """model: has cfg, embed, layers (Blocks), norm, residual, engram_hasher. input_ids int64 [T]
     (the batch rows in order) -> final normed hidden states [T, hidden] (zeros for rows dropped
     by replay). Engram layers rewrite the residual before their attention, with hash rows from
-    the n-gram windows in ctx.engram."""
+    the n-gram windows in ctx.engram. attention: the per-layer attention function (default: by
+    the device of input_ids, see the module docstring)."""
+    if attention is None:
+        if input_ids.is_cuda:
+            from sglang_dsv41.serving.kernel_path import attention_layer as attention
+        else:
+            attention = serving_attention.attention_layer
     cfg = model.cfg
     rows = ctx.rows
     state = model.residual.init(model.embed(input_ids))
@@ -40,13 +48,14 @@ def run_layers(model, input_ids: torch.Tensor, ctx: BatchContext, pool) -> torch
             floors = floors[keep]
         floor = floors if i >= cfg.decoder_start else torch.zeros_like(floors)
         x = model.residual.attn_input(state, block)
-        y = attention_layer(block.attn, x, rows, ctx, pool, floor, x_all, rows_all)
+        y = attention(block.attn, x, rows, ctx, pool, floor, x_all, rows_all)
         if rows.n == 0:
             continue
         state = model.residual.attn_done(state, block, y)
         state = model.residual.ffn_done(state, block,
                                         block.ffn(model.residual.ffn_input(state, block)))
-    h = torch.zeros(ctx.rows.n, cfg.hidden_size, dtype=model.head.weight.dtype)
+    h = torch.zeros(ctx.rows.n, cfg.hidden_size, dtype=model.head.weight.dtype,
+                    device=input_ids.device)
     if rows.n:
         h[rows.ids] = model.norm(model.residual.final(state)).to(h.dtype)
     return h

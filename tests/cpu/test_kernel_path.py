@@ -11,6 +11,7 @@ attention forced on, within bf16 error.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import subprocess
 import sys
@@ -114,11 +115,11 @@ class Probe:
 @pytest.mark.parametrize("ring", [False, True])
 def test_each_step_equals_serving_attention(model, monkeypatch, ring):
     probe = Probe()
-    monkeypatch.setattr(layer_loop, "attention_layer", probe)
     ps = prompts([3, 23, 57], seed=7 + ring)
     W = model.cfg.sliding_window
     floors = [max(0, len(p) - W) for p in ps] if ring else None
-    eng = ToyEngine(model, layer_loop.run_layers, decoder_ring=ring, seed=3)
+    eng = ToyEngine(model, functools.partial(layer_loop.run_layers, attention=probe),
+                    decoder_ring=ring, seed=3)
     serve(eng, ps, 3, chunk=7, floors=floors)
     c = probe.counts
     assert c["compress"] and c["topk"] and c["attend"] and c["entries"] > 20, c
@@ -167,7 +168,7 @@ def test_kernel_path_under_triton_interpreter():
 
 
 _INTERP_INDEXER = textwrap.dedent("""
-    import sys, torch
+    import functools, sys, torch
     sys.modules.setdefault("sglang", None)
     sys.path.insert(0, %r)
     import sglang_dsv41.kernels.indexer as ki
@@ -183,9 +184,9 @@ _INTERP_INDEXER = textwrap.dedent("""
     torch.manual_seed(0)
     m = ReferenceModel(cfg).eval()
     probe = t.Probe()
-    layer_loop.attention_layer = probe
+    run = functools.partial(layer_loop.run_layers, attention=probe)
     with torch.no_grad():
-        t.serve(t.ToyEngine(m, layer_loop.run_layers), t.prompts([75], seed=4), 1, chunk=40)
+        t.serve(t.ToyEngine(m, run), t.prompts([75], seed=4), 1, chunk=40)
     print(probe.counts)
     assert probe.counts["topk"] >= 10
     print("INTERP_OK")

@@ -18,6 +18,7 @@ DSV41_GPU_REPORT=path writes the numbers as JSON.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import time
@@ -176,7 +177,6 @@ class Probe:
 @pytest.mark.parametrize("case", ["chunked", "replay"])
 def test_kernels_equal_references_inside_serving(models, report, monkeypatch, case):
     from sglang_dsv41.kernels.dispatch import use_triton
-    from sglang_dsv41.serving import layer_loop
     from sglang_dsv41.serving.toy import ToyEngine, serve
 
     ref, dev_model = models
@@ -184,9 +184,10 @@ def test_kernels_equal_references_inside_serving(models, report, monkeypatch, ca
     assert use_triton(dev) or DEVICE != "cuda", "the kernel path needs SM90+ and Triton"
     counts = _launch_counts(monkeypatch)
     probe = Probe(monkeypatch)
-    monkeypatch.setattr(layer_loop, "attention_layer", probe)
+    from sglang_dsv41.sglang.layer_loop import run_layers
     ps, chunk, floors, _, ring = _case(ref, case)
-    serve(ToyEngine(dev_model, layer_loop.run_layers, device=dev, decoder_ring=ring), ps, 4,
+    run = functools.partial(run_layers, attention=probe)
+    serve(ToyEngine(dev_model, run, device=dev, decoder_ring=ring), ps, 4,
           chunk=chunk, floors=floors)
     report["probe_" + case] = {**probe.stats, "launches": dict(counts)}
     print(case, probe.stats, counts)
