@@ -12,6 +12,7 @@ import torch
 
 from sglang_dsv41.sglang.buffers import RecordBuffers
 from sglang_dsv41.sglang.context import BatchContext, build_rows
+from sglang_dsv41.sglang.engram_history import EngramHistory
 
 PAGE = 2
 
@@ -19,8 +20,10 @@ PAGE = 2
 class ToyEngine:
     """Slot table + shuffled page allocator + one forward per `step` (SGLang's part)."""
 
-    def __init__(self, model, run, max_len=256, n_pages=600, seed=0, decoder_ring=False,
+    def __init__(self, model, run=None, max_len=512, n_pages=2048, seed=0, decoder_ring=False,
                  device="cpu"):
+        if run is None:
+            from sglang_dsv41.sglang.layer_loop import run_layers as run
         self.model, self.cfg, self.run, self.dev = model, model.cfg, run, device
         self.pool = RecordBuffers(self.cfg, n_pages * PAGE, PAGE, max_requests=8,
                                   device=device, decoder_ring=decoder_ring)
@@ -28,6 +31,15 @@ class ToyEngine:
         self.free = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()  # page 0 = padding
         self.req_to_token = torch.zeros(9, max_len, dtype=torch.int32)
         self.lens = {}
+        self.history = None
+        if self.cfg.engram_layer_ids:
+            self.history = EngramHistory(self.cfg.engram_max_ngram_size)
+
+    def share_prefix(self, src: int, dst: int, n: int):
+        """A radix hit: request dst starts with src's first n (even) slots."""
+        assert n % PAGE == 0
+        self.req_to_token[dst, :n] = self.req_to_token[src, :n]
+        self.lens[dst] = n
 
     def _slot(self, r, pos):
         if pos % PAGE == 0:
@@ -51,6 +63,9 @@ class ToyEngine:
                            floors=floors or [0] * len(work),
                            out_loc=torch.tensor(out_loc, device=d))
         ids = torch.tensor([t for _, toks in work for t in toks], dtype=torch.int64, device=d)
+        if self.history is not None:  # requests here never start after a radix hit: no lookup
+            slots = [r for r, _ in work]
+            ctx.engram = self.history.windows(ctx.rows, ids.cpu(), slots, slots, None)
         h = self.run(self.model, ids, ctx, self.pool)
         for (r, _), s in zip(work, seq):
             self.lens[r] = s

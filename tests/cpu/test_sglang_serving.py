@@ -15,63 +15,9 @@ sys.modules.setdefault("sglang", None)  # the pieces under test must not need SG
 
 from sglang_dsv41.config import preset  # noqa: E402
 from sglang_dsv41.reference.model import ReferenceModel  # noqa: E402
-from sglang_dsv41.sglang.buffers import RecordBuffers  # noqa: E402
-from sglang_dsv41.sglang.context import BatchContext, build_rows  # noqa: E402
-from sglang_dsv41.sglang.engram_history import EngramHistory  # noqa: E402
-from sglang_dsv41.sglang.layer_loop import run_layers  # noqa: E402
+from sglang_dsv41.serving.toy import ToyEngine, prompts, serve  # noqa: E402
 
 PAGE = 2
-
-
-class ToyEngine:
-    """Slot table + page allocator + one forward per `step` (what SGLang does for the backend)."""
-
-    def __init__(self, model, max_len=512, n_pages=2048, seed=0, decoder_ring=False):
-        self.model, self.cfg = model, model.cfg
-        self.pool = RecordBuffers(self.cfg, n_pages * PAGE, PAGE, max_requests=8,
-                                  decoder_ring=decoder_ring)
-        g = torch.Generator().manual_seed(seed)
-        self.free = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()  # page 0 = padding
-        self.req_to_token = torch.zeros(9, max_len, dtype=torch.int32)
-        self.lens = {}
-        if self.cfg.engram_layer_ids:
-            self.history = EngramHistory(self.cfg.engram_max_ngram_size)
-            self.lookup = None  # requests here never start after a radix hit
-
-    def _slot(self, r, pos):
-        if pos % PAGE == 0:
-            page = self.free.pop()
-            self.req_to_token[r, pos] = page * PAGE
-        else:
-            self.req_to_token[r, pos] = self.req_to_token[r, pos - 1] + 1
-        return int(self.req_to_token[r, pos])
-
-    def share_prefix(self, src: int, dst: int, n: int):
-        """A radix hit: request dst starts with src's first n (even) slots."""
-        assert n % PAGE == 0
-        self.req_to_token[dst, :n] = self.req_to_token[src, :n]
-        self.lens[dst] = n
-
-    def step(self, work, floors=None):
-        """work: list of (request slot r, new token ids). Returns next-token logits [B, V]."""
-        prefix = [self.lens.get(r, 0) for r, _ in work]
-        extend = [len(t) for _, t in work]
-        out_loc = [self._slot(r, p + k) for (r, _), p, n in zip(work, prefix, extend)
-                   for k in range(n)]
-        seq = [p + n for p, n in zip(prefix, extend)]
-        ctx = BatchContext(rows=build_rows(prefix, extend),
-                           req_pool=torch.tensor([r for r, _ in work]),
-                           req_to_token=self.req_to_token, seq_lens=seq,
-                           floors=floors or [0] * len(work), out_loc=torch.tensor(out_loc))
-        ids = torch.tensor([t for _, toks in work for t in toks], dtype=torch.int64)
-        if self.cfg.engram_layer_ids:
-            ctx.engram = self.history.windows(ctx.rows, ids, [r for r, _ in work],
-                                              [r for r, _ in work], self.lookup)
-        h = run_layers(self.model, ids, ctx, self.pool)
-        for (r, _), s in zip(work, seq):
-            self.lens[r] = s
-        last = torch.tensor([st + n - 1 for st, n in ctx.rows.spans])
-        return self.model.head(h[last]).float()
 
 
 @pytest.fixture(scope="module")
@@ -85,37 +31,7 @@ def model():
     return m
 
 
-def _prompts(n_list, seed=5):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, 512, (n,), generator=g).tolist() for n in n_list]
-
-
-def _serve(engine, prompts, new, chunk=None, floors=None):
-    """Greedy generation for all prompts in one batch; prefill in chunks of `chunk` tokens."""
-    outs = [[] for _ in prompts]
-    todo = {r: list(p) for r, p in enumerate(prompts, start=1)}
-    first = {}
-    while todo:  # chunked prefill: every unfinished request in each forward
-        work = []
-        for r in list(todo):
-            take = todo[r][: chunk or len(todo[r])]
-            todo[r] = todo[r][len(take):]
-            work.append((r, take))
-        fl = [floors[r - 1] for r, _ in work] if floors else None
-        logits = engine.step(work, fl)
-        for (r, _), row in zip(work, logits):
-            if not todo[r]:
-                first[r] = int(row.argmax())
-                del todo[r]
-    nxt = [first[r] for r in range(1, len(prompts) + 1)]
-    for _ in range(new):
-        for b, t in enumerate(nxt):
-            outs[b].append(t)
-        if len(outs[0]) == new:
-            break
-        logits = engine.step([(r, [t]) for r, t in enumerate(nxt, start=1)], floors)
-        nxt = logits.argmax(-1).tolist()
-    return outs
+_prompts, _serve = prompts, serve
 
 
 @torch.no_grad()
