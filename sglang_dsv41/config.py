@@ -297,9 +297,30 @@ class DeepseekV41Config:
             raise _err("intermediate_size", "must be >= 1 when n_routed_experts = 0")
         if self.hc_mult < 1:
             raise _err("hc_mult", f"must be >= 1, got {self.hc_mult}")
-        for e in self.engram_layer_ids:
-            if not 0 <= e < L:
-                raise _err("engram_layer_ids", f"id {e} out of range [0, {L})", e)
+        for j, e in enumerate(self.engram_layer_ids):
+            if not isinstance(e, int) or not 0 <= e < L:
+                raise _err("engram_layer_ids", f"id {e} out of range [0, {L})")
+            if j and e <= self.engram_layer_ids[j - 1]:
+                raise _err("engram_layer_ids", "ids not sorted or duplicated", e)
+        if self.engram_layer_ids:
+            first = self.engram_layer_ids[0]
+            if len(self.engram_num_embeddings) != len(self.engram_layer_ids):
+                raise _err("engram_num_embeddings", f"{len(self.engram_num_embeddings)} table "
+                           f"sizes for {len(self.engram_layer_ids)} Engram layers")
+            for j, rows in enumerate(self.engram_num_embeddings):
+                if int(rows) < 1:
+                    raise _err("engram_num_embeddings", f"table size {rows} < 1",
+                               self.engram_layer_ids[j])
+            if self.engram_max_ngram_size < 2:
+                raise _err("engram_max_ngram_size", "must be >= 2 (n-grams of 2.. tokens)", first)
+            for name in ("engram_n_heads", "engram_head_dim", "engram_vocab_size",
+                         "engram_compressed_vocab_size"):
+                if int(getattr(self, name)) < 1:
+                    raise _err(name, f"must be >= 1 with Engram layers, got "
+                               f"{getattr(self, name)}", first)
+            if self.engram_head_dim % 32:
+                raise _err("engram_head_dim", f"{self.engram_head_dim} must be a multiple of 32 "
+                           "(FP8 rows with one scale per 32)", first)
 
 
 def preset(name: str) -> DeepseekV41Config:

@@ -85,3 +85,34 @@ def test_validation_names_field_and_layer(changes, field, layer):
 ])
 def test_validation_names_field(changes, field):
     assert _bad(**changes).startswith(field)
+
+
+def _engram(**changes):
+    d = copy.deepcopy(tiny())
+    d.update({"engram_layer_ids": [1, 7], "engram_num_embeddings": [97, 101],
+              "engram_max_ngram_size": 3, "engram_n_heads": 2, "engram_head_dim": 32,
+              "engram_vocab_size": 61, "engram_compressed_vocab_size": 500})
+    d.update(changes)
+    return d
+
+
+def test_engram_fields_valid():
+    assert DeepseekV41Config.from_dict(_engram()).engram_layer_ids == [1, 7]
+
+
+@pytest.mark.parametrize("changes, field, layer", [
+    (dict(engram_num_embeddings=[97]), "engram_num_embeddings", None),
+    (dict(engram_num_embeddings=[97, 0]), "engram_num_embeddings", 7),
+    (dict(engram_max_ngram_size=1), "engram_max_ngram_size", 1),
+    (dict(engram_head_dim=48), "engram_head_dim", 1),
+    (dict(engram_n_heads=0), "engram_n_heads", 1),
+    (dict(engram_layer_ids=[7, 1]), "engram_layer_ids", 1),
+    (dict(engram_layer_ids=[1, 12]), "engram_layer_ids", None),
+])
+def test_engram_validation(changes, field, layer):
+    with pytest.raises(ConfigError) as e:
+        DeepseekV41Config.from_dict(_engram(**changes))
+    msg = str(e.value)
+    assert msg.startswith(field), msg
+    if layer is not None:
+        assert f"(layer {layer})" in msg, msg
