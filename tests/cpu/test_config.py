@@ -104,7 +104,7 @@ def test_engram_fields_valid():
     (dict(engram_num_embeddings=[97]), "engram_num_embeddings", None),
     (dict(engram_num_embeddings=[97, 0]), "engram_num_embeddings", 7),
     (dict(engram_max_ngram_size=1), "engram_max_ngram_size", 1),
-    (dict(engram_head_dim=48), "engram_head_dim", 1),
+    (dict(engram_head_dim=0), "engram_head_dim", 1),
     (dict(engram_n_heads=0), "engram_n_heads", 1),
     (dict(engram_layer_ids=[7, 1]), "engram_layer_ids", 1),
     (dict(engram_layer_ids=[1, 12]), "engram_layer_ids", None),
