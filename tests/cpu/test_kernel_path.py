@@ -31,6 +31,9 @@ from sglang_dsv41.serving import layer_loop as kp_loop  # noqa: E402
 from sglang_dsv41.serving.toy import ToyEngine, prompts, serve  # noqa: E402
 from sglang_dsv41.sglang import layer_loop, serving_attention as sa  # noqa: E402
 
+if sys.modules.get("sglang", 0) is None:  # the imports above ran without SGLang; let
+    del sys.modules["sglang"]  # later test modules (upstream parity) import the real one
+
 def make_model():
     torch.manual_seed(0)
     m = ReferenceModel(preset("tiny")).eval()
