@@ -50,6 +50,7 @@ import torch
 from sglang_dsv41.config import DeepseekV41Config, preset
 from sglang_dsv41.manifest import tensor_manifest
 from sglang_dsv41.presets import PRESETS
+from sglang_dsv41.tools.outdir import prepare_out_dir
 
 TOO_BIG = ("flash",)
 """Presets whose random weights are too large to write; config geometry only."""
@@ -123,12 +124,7 @@ def write_checkpoint(out_dir, name: str = "tiny", seed: int = 0, force: bool = F
         raise ValueError(f"preset {name!r} would need {gb:,.0f} GB of random weights; "
                          "make_checkpoint writes 'tiny' or 'small' (the flash geometry is "
                          "available as sglang_dsv41.config.preset('flash'))")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"{out} is not empty; pass --force to overwrite its checkpoint files")
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(out_dir, force)
     (out / "config.json").write_text(
         json.dumps(checkpoint_config(name, text_config), indent=2) + "\n", encoding="utf-8")
     weights = out / "model.safetensors"

@@ -39,6 +39,7 @@ from sglang_dsv41.weights.release_config import (
     flash_vision_config,
     release_config,
 )
+from sglang_dsv41.tools.outdir import prepare_out_dir
 from sglang_dsv41.weights.release_manifest import (
     FP4,
     FP8,
@@ -133,12 +134,7 @@ def write_flash_mini(out_dir, seed: int = 0, force: bool = False) -> Path:
     from sglang_dsv41.layers.engram import compressed_token_map
     from sglang_dsv41.tools.tokenizer import save_tokenizer
 
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"{out} is not empty; pass --force to overwrite its checkpoint files")
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(out_dir, force)
     text = flash_mini_text_config()
     save_tokenizer(out, text["vocab_size"], text["max_position_embeddings"])
     from tokenizers import Tokenizer
