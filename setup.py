@@ -1,4 +1,6 @@
-"""Package list: `sglang_dsv41` plus the top-level `kernels/` folder mapped to `sglang_dsv41.kernels`."""
+"""Package list: `sglang_dsv41` plus the top-level `kernels/` folder mapped to
+`sglang_dsv41.kernels`."""
+
 from setuptools import find_packages, setup
 
 packages = find_packages(include=["sglang_dsv41", "sglang_dsv41.*"]) + ["sglang_dsv41.data"]

@@ -9,6 +9,7 @@ Also prints the machine's copy bandwidth and bf16 matmul rate, the ceilings of t
 
     python benchmarks/bench_attention.py [--json out.json] [--sweep]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,10 @@ from sglang_dsv41.kv.records import Layout, record_bytes
 H, D, W, TOPK = 64, 512, 128, 512
 DEV = torch.device("cuda")
 CONFIGS = [  # (block_h, block_n, num_warps, num_stages)
-    (64, 32, 8, 1), (64, 64, 8, 1), (64, 16, 8, 1), (16, 32, 4, 1),
+    (64, 32, 8, 1),
+    (64, 64, 8, 1),
+    (64, 16, 8, 1),
+    (16, 32, 4, 1),
 ]
 
 
@@ -52,7 +56,7 @@ def ceilings() -> dict:
     x = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
     y = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
     t_mm = bench(lambda: x @ y)
-    return {"copy_TBps": 2 * n / t_copy / 1e6, "bf16_TFLOPs": 2 * 8192 ** 3 / t_mm / 1e6}
+    return {"copy_TBps": 2 * n / t_copy / 1e6, "bf16_TFLOPs": 2 * 8192**3 / t_mm / 1e6}
 
 
 def random_records(n: int, nbytes: int) -> torch.Tensor:
@@ -72,8 +76,9 @@ def decode_case(B: int, ctx_entries: int = 4096):
 def work(T: int, main_bytes: int, swa_bytes: int, out_bytes: int = 2) -> tuple[float, float]:
     """(FLOP, bytes) of T tokens: QK and PV over W + TOPK entries; q, out, records, indices."""
     flop = 4.0 * T * H * D * (W + TOPK)
-    nbytes = T * (H * D * 2 + H * D * out_bytes + W * swa_bytes + TOPK * main_bytes
-                  + (W + TOPK) * 4)
+    nbytes = T * (
+        H * D * 2 + H * D * out_bytes + W * swa_bytes + TOPK * main_bytes + (W + TOPK) * 4
+    )
     return flop, nbytes
 
 
@@ -84,10 +89,22 @@ def ours_decode(B, layout, cfg=None):
     q = torch.randn(B, H, D, device=DEV, dtype=torch.bfloat16)
     sink = torch.randn(H, device=DEV)
     out = torch.empty(B, H, D, device=DEV, dtype=torch.bfloat16)
-    launch = {} if cfg is None else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2],
-                                               num_stages=cfg[3])
-    fn = lambda: sparse_attention(q, swa, swa_slots, kv, topk_slots, layout, sink, out=out,  # noqa
-                                  **launch)
+    launch = (
+        {}
+        if cfg is None
+        else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
+    )
+    fn = lambda: sparse_attention(
+        q,
+        swa,
+        swa_slots,
+        kv,
+        topk_slots,
+        layout,
+        sink,
+        out=out,  # noqa
+        **launch,
+    )
     fn()
     return bench(fn), bench_graph(fn)
 
@@ -103,9 +120,19 @@ def flashmla_decode(B):
     sink = torch.randn(H, device=DEV)
     meta, _ = flash_mla.get_mla_metadata()
     fn = lambda: flash_mla.flash_mla_with_kvcache(  # noqa
-        q, k_cache, None, None, D, meta, softmax_scale=D ** -0.5,
-        indices=swa_slots.view(B, 1, W), attn_sink=sink, extra_k_cache=extra,
-        extra_indices_in_kvcache=topk_slots.view(B, 1, TOPK), use_legacy=True)
+        q,
+        k_cache,
+        None,
+        None,
+        D,
+        meta,
+        softmax_scale=D**-0.5,
+        indices=swa_slots.view(B, 1, W),
+        attn_sink=sink,
+        extra_k_cache=extra,
+        extra_indices_in_kvcache=topk_slots.view(B, 1, TOPK),
+        use_legacy=True,
+    )
     fn()
     t = bench(fn)
     try:
@@ -127,9 +154,19 @@ def flashmla_decode_v41(B):
     sink = torch.randn(H, device=DEV)
     meta, _ = flash_mla.get_mla_metadata()
     fn = lambda: flash_mla.flash_mla_with_kvcache(  # noqa
-        q, k_cache, None, None, D, meta, softmax_scale=D ** -0.5,
-        indices=swa_slots.view(B, 1, W), attn_sink=sink, extra_k_cache=extra,
-        extra_indices_in_kvcache=topk_slots.view(B, 1, TOPK), use_legacy=True)
+        q,
+        k_cache,
+        None,
+        None,
+        D,
+        meta,
+        softmax_scale=D**-0.5,
+        indices=swa_slots.view(B, 1, W),
+        attn_sink=sink,
+        extra_k_cache=extra,
+        extra_indices_in_kvcache=topk_slots.view(B, 1, TOPK),
+        use_legacy=True,
+    )
     fn()
     return bench(fn)
 
@@ -150,10 +187,22 @@ def ours_prefill(T, layout, cfg=None, ctx_tokens=16384):
     q = torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16)
     sink = torch.randn(H, device=DEV)
     out = torch.empty(T, H, D, device=DEV, dtype=torch.bfloat16)
-    launch = {} if cfg is None else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2],
-                                               num_stages=cfg[3])
-    fn = lambda: sparse_attention(q, swa, swa_slots, kv, topk_slots, layout, sink, out=out,  # noqa
-                                  **launch)
+    launch = (
+        {}
+        if cfg is None
+        else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
+    )
+    fn = lambda: sparse_attention(
+        q,
+        swa,
+        swa_slots,
+        kv,
+        topk_slots,
+        layout,
+        sink,
+        out=out,  # noqa
+        **launch,
+    )
     fn()
     return bench(fn)
 
@@ -166,15 +215,33 @@ def flashmla_prefill(T, ctx_tokens=16384):
     idx = torch.cat((swa_slots, topk_slots + n_swa), dim=1).view(T, 1, W + TOPK).contiguous()
     q = torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16)
     sink = torch.randn(H, device=DEV)
-    fn = lambda: flash_mla.flash_mla_sparse_fwd(q, kv, idx, D ** -0.5, D, attn_sink=sink,  # noqa
-                                                use_legacy=True)
+    fn = lambda: flash_mla.flash_mla_sparse_fwd(
+        q,
+        kv,
+        idx,
+        D**-0.5,
+        D,
+        attn_sink=sink,  # noqa
+        use_legacy=True,
+    )
     fn()
     return bench(fn)
 
 
 @triton.jit
-def _ablate_kernel(q_ptr, kv_ptr, kv_stride, idx_ptr, o_ptr, N, qk_scale,
-                   D: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr):
+def _ablate_kernel(
+    q_ptr,
+    kv_ptr,
+    kv_stride,
+    idx_ptr,
+    o_ptr,
+    N,
+    qk_scale,
+    D: tl.constexpr,
+    BH: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+):
     """Prefill-shaped FP4 attention over N entries per token with stages left out (timing only).
 
     MODE 0: everything; 1: gather + dequantize, no MMA/softmax; 2: MMA + softmax on a synthetic
@@ -216,8 +283,20 @@ def ablation(T: int = 4096, N: int = 640) -> dict:
     o = torch.empty_like(q)
     res = {}
     for mode, name in enumerate(["full", "no_mma", "no_gather_dequant", "gather_only"]):
-        fn = lambda: _ablate_kernel[(T,)](q, kv, kv.stride(0), idx, o, N, 0.06, D=D, BH=H,  # noqa
-                                          BN=32, MODE=mode, num_warps=8)
+        fn = lambda: _ablate_kernel[(T,)](
+            q,
+            kv,
+            kv.stride(0),
+            idx,
+            o,
+            N,
+            0.06,
+            D=D,
+            BH=H,  # noqa
+            BN=32,
+            MODE=mode,
+            num_warps=8,
+        )
         fn()
         res[name] = bench(fn)
     return res
@@ -238,8 +317,11 @@ def main():
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--ablate", action="store_true", help="time kernel stages left out")
     args = ap.parse_args()
-    res = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
-           "torch": torch.__version__}
+    res = {
+        "device": torch.cuda.get_device_name(),
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+    }
     res["ceilings"] = ceil = ceilings()
     print(f"ceilings: copy {ceil['copy_TBps']:.2f} TB/s, bf16 mm {ceil['bf16_TFLOPs']:.0f} TFLOP/s")
 
@@ -250,8 +332,11 @@ def main():
             row = [_try(ours_decode, B, Layout.V41_FP4, cfg)[1] for B in batches]
             row.append(_try(ours_prefill, args.prefill_tokens, Layout.V41_FP4, cfg))
             res["sweep"][str(cfg)] = row
-            print("sweep (graph us: decode 1/8/32/128, prefill)", cfg,
-                  " ".join(f"{t:8.1f}" for t in row))
+            print(
+                "sweep (graph us: decode 1/8/32/128, prefill)",
+                cfg,
+                " ".join(f"{t:8.1f}" for t in row),
+            )
 
     if args.ablate:
         res["ablation"] = ab = _try(ablation)
@@ -267,35 +352,60 @@ def main():
         flop, by_fp4 = work(B, 288, 528)
         _, by_v41 = work(B, 528, 528)
         _, by_fm = work(B, 584, 584)
-        rows.append(dict(batch=B, ours_fp4_us=g_fp4, ours_v41_us=g_v41, flashmla_us=g_fm,
-                         plain_ours_fp4_us=p_fp4, plain_ours_v41_us=p_v41, plain_flashmla_us=p_fm,
-                         ours_fp4_TBps=by_fp4 / g_fp4 / 1e6, ours_fp4_TFLOPs=flop / g_fp4 / 1e6,
-                         ours_v41_TBps=by_v41 / g_v41 / 1e6, flashmla_TBps=by_fm / g_fm / 1e6,
-                         flashmla_TFLOPs=flop / g_fm / 1e6, ratio_fp4=g_fp4 / g_fm,
-                         ratio_v41=g_v41 / g_fm))
+        rows.append(
+            dict(
+                batch=B,
+                ours_fp4_us=g_fp4,
+                ours_v41_us=g_v41,
+                flashmla_us=g_fm,
+                plain_ours_fp4_us=p_fp4,
+                plain_ours_v41_us=p_v41,
+                plain_flashmla_us=p_fm,
+                ours_fp4_TBps=by_fp4 / g_fp4 / 1e6,
+                ours_fp4_TFLOPs=flop / g_fp4 / 1e6,
+                ours_v41_TBps=by_v41 / g_v41 / 1e6,
+                flashmla_TBps=by_fm / g_fm / 1e6,
+                flashmla_TFLOPs=flop / g_fm / 1e6,
+                ratio_fp4=g_fp4 / g_fm,
+                ratio_v41=g_v41 / g_fm,
+            )
+        )
     res["decode"] = rows
     T = args.prefill_tokens
     t_p = _try(ours_prefill, T, Layout.V41_FP4)
     t_p41 = _try(ours_prefill, T, Layout.V41)
     t_pf = _try(flashmla_prefill, T)
     flop, _ = work(T, 288, 528)
-    res["prefill"] = dict(tokens=T, ours_fp4_us=t_p, ours_v41_us=t_p41, flashmla_us=t_pf,
-                          ours_fp4_TFLOPs=flop / t_p / 1e6, ours_v41_TFLOPs=flop / t_p41 / 1e6,
-                          flashmla_TFLOPs=flop / t_pf / 1e6, ratio_fp4=t_p / t_pf)
+    res["prefill"] = dict(
+        tokens=T,
+        ours_fp4_us=t_p,
+        ours_v41_us=t_p41,
+        flashmla_us=t_pf,
+        ours_fp4_TFLOPs=flop / t_p / 1e6,
+        ours_v41_TFLOPs=flop / t_p41 / 1e6,
+        flashmla_TFLOPs=flop / t_pf / 1e6,
+        ratio_fp4=t_p / t_pf,
+    )
 
     print("\ndecode, graph replay us (plain launch us)")
-    print("  batch | ours fp4       | ours v41       | FlashMLA v4    | fp4/FM | TFLOP/s ours/FM"
-          " | TB/s ours/FM")
+    print(
+        "  batch | ours fp4       | ours v41       | FlashMLA v4    | fp4/FM | TFLOP/s ours/FM"
+        " | TB/s ours/FM"
+    )
     for r in rows:
-        print(f"  {r['batch']:4d} | {r['ours_fp4_us']:6.1f} ({r['plain_ours_fp4_us']:5.1f}) | "
-              f"{r['ours_v41_us']:6.1f} ({r['plain_ours_v41_us']:5.1f}) | "
-              f"{r['flashmla_us']:6.1f} ({r['plain_flashmla_us']:5.1f}) | {r['ratio_fp4']:6.2f} | "
-              f"{r['ours_fp4_TFLOPs']:5.0f} / {r['flashmla_TFLOPs']:5.0f} | "
-              f"{r['ours_fp4_TBps']:4.2f} / {r['flashmla_TBps']:4.2f}")
+        print(
+            f"  {r['batch']:4d} | {r['ours_fp4_us']:6.1f} ({r['plain_ours_fp4_us']:5.1f}) | "
+            f"{r['ours_v41_us']:6.1f} ({r['plain_ours_v41_us']:5.1f}) | "
+            f"{r['flashmla_us']:6.1f} ({r['plain_flashmla_us']:5.1f}) | {r['ratio_fp4']:6.2f} | "
+            f"{r['ours_fp4_TFLOPs']:5.0f} / {r['flashmla_TFLOPs']:5.0f} | "
+            f"{r['ours_fp4_TBps']:4.2f} / {r['flashmla_TBps']:4.2f}"
+        )
     p = res["prefill"]
-    print(f"prefill {T} x 640: ours fp4 {p['ours_fp4_us']:.0f} us ({p['ours_fp4_TFLOPs']:.0f} "
-          f"TFLOP/s), ours v41 {p['ours_v41_us']:.0f} us, FlashMLA bf16 {p['flashmla_us']:.0f} us "
-          f"({p['flashmla_TFLOPs']:.0f} TFLOP/s), ratio {p['ratio_fp4']:.2f}")
+    print(
+        f"prefill {T} x 640: ours fp4 {p['ours_fp4_us']:.0f} us ({p['ours_fp4_TFLOPs']:.0f} "
+        f"TFLOP/s), ours v41 {p['ours_v41_us']:.0f} us, FlashMLA bf16 {p['flashmla_us']:.0f} us "
+        f"({p['flashmla_TFLOPs']:.0f} TFLOP/s), ratio {p['ratio_fp4']:.2f}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -13,6 +13,7 @@ Each decode query has its own request of N entries (pages shuffled through one p
 medians of triton.testing.do_bench (L2 flushed before each call, eager launches); the torch
 path uses fewer repetitions. Prints a markdown table; writes JSON to --out.
 """
+
 import argparse
 import json
 import os
@@ -38,14 +39,22 @@ def pool_case(T, n, seed=0):
     pages = n // P
     perm = torch.randperm(T * pages, generator=g, device="cpu").int().view(T, pages)
     gd = torch.Generator(device="cuda").manual_seed(seed)
-    index_k = torch.randint(0, 256, (T * pages * P, REC), dtype=torch.uint8, device="cuda",
-                            generator=gd)
-    index_k[:, 64:] = torch.randint(122, 132, (T * pages * P, 4), dtype=torch.uint8,
-                                    device="cuda", generator=gd)
+    index_k = torch.randint(
+        0, 256, (T * pages * P, REC), dtype=torch.uint8, device="cuda", generator=gd
+    )
+    index_k[:, 64:] = torch.randint(
+        122, 132, (T * pages * P, 4), dtype=torch.uint8, device="cuda", generator=gd
+    )
     base = tt.random_case(T, 1, 8, 8, seed=seed)
-    return dict(qI=base["qI"].cuda(), w=base["w"].cuda(), index_k=index_k,
-                page_table=perm.cuda(), req_ids=torch.arange(T, dtype=torch.int32, device="cuda"),
-                n_visible=torch.full((T,), n, dtype=torch.int32, device="cuda"), P=P)
+    return dict(
+        qI=base["qI"].cuda(),
+        w=base["w"].cuda(),
+        index_k=index_k,
+        page_table=perm.cuda(),
+        req_ids=torch.arange(T, dtype=torch.int32, device="cuda"),
+        n_visible=torch.full((T,), n, dtype=torch.int32, device="cuda"),
+        P=P,
+    )
 
 
 def random_pool(T, n, nb=2048, seed=0):
@@ -120,8 +129,12 @@ def commit():
     if os.environ.get("DSV41_COMMIT"):
         return os.environ["DSV41_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ).stdout.strip()
+            or "unknown"
+        )
     except Exception:
         return "unknown"
 
@@ -131,8 +144,13 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "commit": commit(), "time": time.ctime()}
+    res = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "commit": commit(),
+        "time": time.ctime(),
+    }
     bw = copy_rate()
     res["copy_TBps"] = bw / 1e12
     print(f"device {res['device']}  copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
@@ -163,19 +181,27 @@ def main():
     for T, c in cases.items():
         a = tt.case_args(c)
         floor_us = T * n_big * REC / bw * 1e6  # bytes read once, at the copy byte rate
-        row = {"T": T, "N": n_big, "floor_us": floor_us,
-               "scan_us": bench(lambda: ops.block_scores(*a, force_newest=True)),
-               "full_topk_us": bench(lambda: ops.full_topk(*a, topk=512)),
-               "candidate_source_us": bench(lambda: ops.candidate_source(*a, topk=512,
-                                                                        pool_blocks=2048))}
+        row = {
+            "T": T,
+            "N": n_big,
+            "floor_us": floor_us,
+            "scan_us": bench(lambda: ops.block_scores(*a, force_newest=True)),
+            "full_topk_us": bench(lambda: ops.full_topk(*a, topk=512)),
+            "candidate_source_us": bench(
+                lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048)
+            ),
+        }
         bscores = ops.block_scores(*a, force_newest=True)
         row["select_2048_blocks_us"] = bench(lambda: ops.select_blocks(bscores, 2048))
         row["select_2048_blocks_torch_us"] = with_select(
-            "torch", lambda: bench(lambda: ops.select_blocks(bscores, 2048)))
-        row["candidate_source_torchsel_us"] = with_select("torch", lambda: bench(
-            lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048)))
+            "torch", lambda: bench(lambda: ops.select_blocks(bscores, 2048))
+        )
+        row["candidate_source_torchsel_us"] = with_select(
+            "torch", lambda: bench(lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048))
+        )
         row["candidate_source_graph_us"] = bench_graph(
-            lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048))
+            lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048)
+        )
         row["full_topk_graph_us"] = bench_graph(lambda: ops.full_topk(*a, topk=512))
         row["scan_TBps"] = T * n_big * REC / (row["scan_us"] * 1e-6) / 1e12
         res["full"].append(row)
@@ -187,25 +213,40 @@ def main():
     Tp = 64
     c = pool_case(1, n_big, seed=5)
     base = tt.random_case(Tp, 1, 8, 8, seed=6)
-    c.update(qI=base["qI"].cuda(), w=base["w"].cuda(),
-             req_ids=torch.zeros(Tp, dtype=torch.int32, device="cuda"),
-             n_visible=torch.arange(n_big - Tp + 1, n_big + 1, dtype=torch.int32, device="cuda"))
+    c.update(
+        qI=base["qI"].cuda(),
+        w=base["w"].cuda(),
+        req_ids=torch.zeros(Tp, dtype=torch.int32, device="cuda"),
+        n_visible=torch.arange(n_big - Tp + 1, n_big + 1, dtype=torch.int32, device="cuda"),
+    )
     a = tt.case_args(c)
     flop = Tp * n_big * 2 * 32 * 128
-    res["prefill"] = {"T": Tp, "N": n_big, "floor_bytes_us": n_big * REC / bw * 1e6,
-                      "floor_flop_us": flop / 701e12 * 1e6, "runs": []}
+    res["prefill"] = {
+        "T": Tp,
+        "N": n_big,
+        "floor_bytes_us": n_big * REC / bw * 1e6,
+        "floor_flop_us": flop / 701e12 * 1e6,
+        "runs": [],
+    }
     for group, bn, nw in ((1, 128, 4), (4, 128, 8), (8, 64, 8), (8, 128, 8)):
         ops.TUNING["scan_group"].update(bn=bn, tiles=8, num_warps=nw)
         t = bench(lambda: ops.block_scores(*a, force_newest=True, group=group))
-        row = {"group": group, "bn": bn, "num_warps": nw, "scan_us": t,
-               "us_per_token": t / Tp, "TFLOPs": flop / (t * 1e-6) / 1e12}
+        row = {
+            "group": group,
+            "bn": bn,
+            "num_warps": nw,
+            "scan_us": t,
+            "us_per_token": t / Tp,
+            "TFLOPs": flop / (t * 1e-6) / 1e12,
+        }
         res["prefill"]["runs"].append(row)
         print("prefill", row, flush=True)
     best = min((r for r in res["prefill"]["runs"] if r["group"] > 1), key=lambda r: r["scan_us"])
     ops.TUNING["scan_group"].update(bn=best["bn"], tiles=8, num_warps=best["num_warps"])
     res["scan_group_tuning"] = dict(ops.TUNING["scan_group"], group=best["group"])
-    res["prefill"]["candidate_source_us"] = bench(lambda: ops.candidate_source(
-        *a, topk=512, pool_blocks=2048, group=best["group"]))
+    res["prefill"]["candidate_source_us"] = bench(
+        lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048, group=best["group"])
+    )
     c = a = base = None
     torch.cuda.empty_cache()
 
@@ -218,14 +259,22 @@ def main():
         pool = random_pool(T, n_big)
         for bn, tiles, nw in POOL_SHAPES:
             ops.TUNING["pool"].update(bn=bn, tiles=tiles, num_warps=nw)
-            row = {"T": T, "bn": bn, "tiles": tiles, "num_warps": nw,
-                   "us": bench(lambda: ops.pool_scores(*a, pool))}
+            row = {
+                "T": T,
+                "bn": bn,
+                "tiles": tiles,
+                "num_warps": nw,
+                "us": bench(lambda: ops.pool_scores(*a, pool)),
+            }
             res["pool_sweep"].append(row)
             print("pool sweep", row, flush=True)
         c = a = pool = None
     for shape in POOL_SHAPES:
-        t = sum(r["us"] * (8 if r["T"] == 1 else 1) for r in res["pool_sweep"]
-                if (r["bn"], r["tiles"], r["num_warps"]) == shape)
+        t = sum(
+            r["us"] * (8 if r["T"] == 1 else 1)
+            for r in res["pool_sweep"]
+            if (r["bn"], r["tiles"], r["num_warps"]) == shape
+        )
         if t < best_t:
             best, best_t = shape, t
     ops.TUNING["pool"].update(bn=best[0], tiles=best[1], num_warps=best[2])
@@ -238,14 +287,17 @@ def main():
             c = pool_case(T, n, seed=n + T)
             a = tt.case_args(c)
             pool = random_pool(T, n)
-            row = {"T": T, "N": n,
-                   "pooled_us": bench(lambda: ops.reindex(*a, pool, topk=512)),
-                   "pooled_graph_us": bench_graph(lambda: ops.reindex(*a, pool, topk=512)),
-                   "pooled_graph_cold_us": bench_graph_cold(
-                       lambda: ops.reindex(*a, pool, topk=512)),
-                   "pooled_torchsel_us": with_select("torch", lambda: bench(
-                       lambda: ops.reindex(*a, pool, topk=512))),
-                   "pool_scores_us": bench(lambda: ops.pool_scores(*a, pool))}
+            row = {
+                "T": T,
+                "N": n,
+                "pooled_us": bench(lambda: ops.reindex(*a, pool, topk=512)),
+                "pooled_graph_us": bench_graph(lambda: ops.reindex(*a, pool, topk=512)),
+                "pooled_graph_cold_us": bench_graph_cold(lambda: ops.reindex(*a, pool, topk=512)),
+                "pooled_torchsel_us": with_select(
+                    "torch", lambda: bench(lambda: ops.reindex(*a, pool, topk=512))
+                ),
+                "pool_scores_us": bench(lambda: ops.pool_scores(*a, pool)),
+            }
             if not (args.quick and n > (1 << 16)):
                 row["torch_mask_topk_us"] = bench_slow(lambda: ref.reindex_ref(*a, pool, 512))
             res["reindex"].append(row)
@@ -259,41 +311,57 @@ def main():
 
     with open(os.path.join(args.out, "bench_indexer.json"), "w") as f:
         json.dump(res, f, indent=1)
-    print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, commit {res['commit']}")
+    print(
+        f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, commit {res['commit']}"
+    )
     print(f"scan launch shape {res['scan_tuning']}, pool launch shape {res['pool_tuning']}")
-    print("| T | N | scan us | floor us | scan TB/s | select 2048 us (torch.topk) | full_topk us"
-          " (graph) | cand_src us (torch.topk sel) | cand_src graph us |")
+    print(
+        "| T | N | scan us | floor us | scan TB/s | select 2048 us (torch.topk) | full_topk us"
+        " (graph) | cand_src us (torch.topk sel) | cand_src graph us |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in res["full"]:
-        print(f"| {r['T']} | {r['N']} | {r['scan_us']:.1f} | {r['floor_us']:.1f} | "
-              f"{r['scan_TBps']:.2f} | {r['select_2048_blocks_us']:.1f} "
-              f"({r['select_2048_blocks_torch_us']:.1f}) | {r['full_topk_us']:.1f} "
-              f"({r['full_topk_graph_us']:.1f}) | "
-              f"{r['candidate_source_us']:.1f} ({r['candidate_source_torchsel_us']:.1f}) | "
-              f"{r['candidate_source_graph_us']:.1f} |")
+        print(
+            f"| {r['T']} | {r['N']} | {r['scan_us']:.1f} | {r['floor_us']:.1f} | "
+            f"{r['scan_TBps']:.2f} | {r['select_2048_blocks_us']:.1f} "
+            f"({r['select_2048_blocks_torch_us']:.1f}) | {r['full_topk_us']:.1f} "
+            f"({r['full_topk_graph_us']:.1f}) | "
+            f"{r['candidate_source_us']:.1f} ({r['candidate_source_torchsel_us']:.1f}) | "
+            f"{r['candidate_source_graph_us']:.1f} |"
+        )
     pf = res["prefill"]
-    print(f"prefill: {pf['T']} tokens of one request, N = {pf['N']}; floors: bytes "
-          f"{pf['floor_bytes_us']:.1f} us, tensor FLOP {pf['floor_flop_us']:.0f} us; "
-          f"candidate_source (best group) {pf['candidate_source_us']:.0f} us")
+    print(
+        f"prefill: {pf['T']} tokens of one request, N = {pf['N']}; floors: bytes "
+        f"{pf['floor_bytes_us']:.1f} us, tensor FLOP {pf['floor_flop_us']:.0f} us; "
+        f"candidate_source (best group) {pf['candidate_source_us']:.0f} us"
+    )
     print("| group | bn | warps | scan us | us / token | TFLOP/s |")
     print("|---|---|---|---|---|---|")
     for r in pf["runs"]:
-        print(f"| {r['group']} | {r['bn']} | {r['num_warps']} | {r['scan_us']:.0f} | "
-              f"{r['us_per_token']:.1f} | {r['TFLOPs']:.0f} |")
-    print("| T | N | pooled reindex us | graph us | graph cold-L2 us | torch.topk sel us |"
-          " pool_scores us | torch mask-and-topk us |")
+        print(
+            f"| {r['group']} | {r['bn']} | {r['num_warps']} | {r['scan_us']:.0f} | "
+            f"{r['us_per_token']:.1f} | {r['TFLOPs']:.0f} |"
+        )
+    print(
+        "| T | N | pooled reindex us | graph us | graph cold-L2 us | torch.topk sel us |"
+        " pool_scores us | torch mask-and-topk us |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in res["reindex"]:
         tm = r.get("torch_mask_topk_us")
-        print(f"| {r['T']} | {r['N']} | {r['pooled_us']:.1f} | {r['pooled_graph_us']:.1f} | "
-              f"{r['pooled_graph_cold_us']:.1f} | "
-              f"{r['pooled_torchsel_us']:.1f} | {r['pool_scores_us']:.1f} | "
-              f"{'%.0f' % tm if tm else '-'} |")
+        print(
+            f"| {r['T']} | {r['N']} | {r['pooled_us']:.1f} | {r['pooled_graph_us']:.1f} | "
+            f"{r['pooled_graph_cold_us']:.1f} | "
+            f"{r['pooled_torchsel_us']:.1f} | {r['pool_scores_us']:.1f} | "
+            f"{f'{tm:.0f}' if tm else '-'} |"
+        )
     for T in (1, 32):
-        print(f"t(1M)/t(64K) batch {T}: eager "
-              f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_us']:.3f}, graph "
-              f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_graph_us']:.3f}, graph cold-L2 "
-              f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_graph_cold_us']:.3f}")
+        print(
+            f"t(1M)/t(64K) batch {T}: eager "
+            f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_us']:.3f}, graph "
+            f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_graph_us']:.3f}, graph cold-L2 "
+            f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_graph_cold_us']:.3f}"
+        )
 
 
 if __name__ == "__main__":

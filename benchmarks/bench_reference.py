@@ -7,6 +7,7 @@ Creates the checkpoint in a temporary directory, then times `ReferenceModel.gene
 loaded, imports done) and the whole CLI process (`python -m sglang_dsv41.reference`), which is
 what a user waits for. Prints one JSON line.
 """
+
 import argparse
 import json
 import os
@@ -39,17 +40,38 @@ def main() -> None:
         t0 = time.perf_counter()
         out = model.generate(ids, args.new, replay=args.replay)
         gen_s = time.perf_counter() - t0
-        cmd = [sys.executable, "-m", "sglang_dsv41.reference", "--model", ckpt, "--input-ids",
-               ",".join(map(str, ids)), "--max-new-tokens", str(args.new),
-               "--threads", str(args.threads)] + ([] if args.replay else ["--no-replay"])
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang_dsv41.reference",
+            "--model",
+            ckpt,
+            "--input-ids",
+            ",".join(map(str, ids)),
+            "--max-new-tokens",
+            str(args.new),
+            "--threads",
+            str(args.threads),
+        ] + ([] if args.replay else ["--no-replay"])
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, check=True)
         cli_s = time.perf_counter() - t0
         assert json.loads(r.stdout.strip().splitlines()[-1])["output_ids"] == out
-    print(json.dumps({"preset": args.preset, "prompt_len": args.prompt_len, "new": args.new,
-                      "threads": args.threads, "replay": args.replay,
-                      "generate_s": round(gen_s, 2), "cli_process_s": round(cli_s, 2),
-                      "distinct_tokens": len(set(out)), "load_avg": os.getloadavg()[0]}))
+    print(
+        json.dumps(
+            {
+                "preset": args.preset,
+                "prompt_len": args.prompt_len,
+                "new": args.new,
+                "threads": args.threads,
+                "replay": args.replay,
+                "generate_s": round(gen_s, 2),
+                "cli_process_s": round(cli_s, 2),
+                "distinct_tokens": len(set(out)),
+                "load_avg": os.getloadavg()[0],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 `DSV41_FORCE_REF=1` forces the torch references. A fast path that was asked for explicitly and
 is unavailable raises; it never silently degrades.
 """
+
 import functools
 import os
 
@@ -13,7 +14,7 @@ def force_ref() -> bool:
     return os.environ.get("DSV41_FORCE_REF", "0") not in ("", "0")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(index: int) -> tuple:
     return torch.cuda.get_device_capability(index)
 
@@ -25,7 +26,7 @@ def device_capability(device: torch.device) -> tuple:
     return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def has_triton() -> bool:
     try:
         import triton  # noqa: F401

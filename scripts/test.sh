@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Set up (or reuse) the environment, then run the CPU test suite: unit tests and the end-to-end
-# server tests. GPU tests (tests/gpu) run only where CUDA is present: `scripts/test.sh tests/gpu`.
+# Set up (or reuse) the environment, then lint (ruff check + ruff format --check) and run the CPU
+# test suite: unit tests and the end-to-end server tests. GPU tests (tests/gpu) run only where
+# CUDA is present: `scripts/test.sh tests/gpu`.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="$("$here/scripts/setup_env.sh" | tail -n 1)"
 cd "$here"
+ruff="$(cat "$here/.venv/.shared")/bin/ruff"  # the shared environment's (requirements/env.txt)
+echo "[test] ruff check + ruff format --check" >&2
+"$ruff" check .
+"$ruff" format --check .
 set +e
 "$py" -m pytest -q -p no:cacheprovider ${@:-tests/cpu tests/e2e}
 rc=$?

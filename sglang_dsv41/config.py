@@ -13,13 +13,14 @@ A Reuse/Reindex layer reads the nearest preceding kv source of the same ratio
 (`source_layer_of`) and the top-k of the nearest preceding index source of the same ratio
 (`index_source_of`). Errors name the field and the layer: `ConfigError`.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 SWA, FULL, REINDEX, REUSE = "swa", "full", "reindex", "reuse"
 
@@ -28,7 +29,7 @@ class ConfigError(ValueError):
     """An invalid V4.1 config; the message names the field (and the layer, where there is one)."""
 
 
-def _err(field_name: str, msg: str, layer: Optional[int] = None) -> ConfigError:
+def _err(field_name: str, msg: str, layer: int | None = None) -> ConfigError:
     where = f" (layer {layer})" if layer is not None else ""
     return ConfigError(f"{field_name}{where}: {msg}")
 
@@ -41,7 +42,8 @@ class DeepseekV41Config:
         vocab_size, hidden_size, num_hidden_layers: the text stack (MTP stages not counted).
         num_attention_heads (H), head_dim (D): query heads and their width; one shared KV head
             (MQA, K = V) of width D.
-        qk_rope_head_dim: RoPE dims, the *last* `qk_rope_head_dim` of every head (interleaved pairs).
+        qk_rope_head_dim: RoPE dims, the *last* `qk_rope_head_dim` of every head (interleaved
+        pairs).
         q_lora_rank: width of the low-rank query latent (`wq_a` out, `q_norm`).
         o_groups, o_lora_rank: grouped output projection; `o` [T, H*D] viewed as
             [T, o_groups, H*D/o_groups], `wo_a` per group -> o_lora_rank, then `wo_b`.
@@ -77,7 +79,7 @@ class DeepseekV41Config:
     o_lora_rank: int = 1024
     o_groups: int = 8
     sliding_window: int = 128
-    attn_softmax_scale: Optional[float] = None
+    attn_softmax_scale: float | None = None
     compress_ratios: list = field(default_factory=list)
     kv_source_layer_ids: list = field(default_factory=list)
     index_source_layer_ids: list = field(default_factory=list)
@@ -89,7 +91,7 @@ class DeepseekV41Config:
     index_topk: int = 512
     rope_theta: float = 10000.0
     compress_rope_theta: float = 160000.0
-    rope_scaling: Optional[dict] = None
+    rope_scaling: dict | None = None
     max_position_embeddings: int = 1048576
     rms_norm_eps: float = 1e-6
     intermediate_size: int = 0
@@ -119,12 +121,12 @@ class DeepseekV41Config:
     eos_token_id: int = 1
     torch_dtype: str = "bfloat16"
     kv_cache_dtype_main: str = "fp4"
-    quantization_config: Optional[dict] = None
+    quantization_config: dict | None = None
     extra: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ parsing
     @classmethod
-    def from_dict(cls, values: dict) -> "DeepseekV41Config":
+    def from_dict(cls, values: dict) -> DeepseekV41Config:
         """Build from a released `config.json` dict (text fields top level or in `text_config`)."""
         values = dict(values)
         text = values.pop("text_config", None)
@@ -140,7 +142,7 @@ class DeepseekV41Config:
         return cfg
 
     @classmethod
-    def from_hf(cls, path_or_dict: Any) -> "DeepseekV41Config":
+    def from_hf(cls, path_or_dict: Any) -> DeepseekV41Config:
         """From a checkpoint directory, a `config.json` path, a dict or a transformers config."""
         if isinstance(path_or_dict, dict):
             return cls.from_dict(path_or_dict)
@@ -169,7 +171,7 @@ class DeepseekV41Config:
 
     @property
     def softmax_scale(self) -> float:
-        return self.attn_softmax_scale or self.head_dim ** -0.5
+        return self.attn_softmax_scale or self.head_dim**-0.5
 
     def ratio(self, layer: int) -> int:
         return int(self.compress_ratios[layer])
@@ -193,7 +195,8 @@ class DeepseekV41Config:
         return best
 
     def source_layer_of(self, layer: int) -> int:
-        """The kv-source layer whose main KV / index K `layer` reads (itself for Full); -1 for SWA."""
+        """The kv-source layer whose main KV / index K `layer` reads (itself for Full); -1 for
+        SWA."""
         return -1 if self.ratio(layer) == 0 else self._nearest(self.kv_source_layer_ids, layer)
 
     def index_source_of(self, layer: int) -> int:
@@ -202,10 +205,7 @@ class DeepseekV41Config:
 
     def uses_candidates(self, layer: int) -> bool:
         """Index sources after the candidate source score only the candidate pool."""
-        return (
-            0 <= self.candidate_source_layer_id < layer
-            and layer in self.index_source_layer_ids
-        )
+        return 0 <= self.candidate_source_layer_id < layer and layer in self.index_source_layer_ids
 
     def is_decoder(self, layer: int) -> bool:
         return layer >= self.decoder_start
@@ -221,9 +221,18 @@ class DeepseekV41Config:
     def validate(self) -> None:
         """Raise ConfigError naming the field and layer of the first problem found."""
         L = self.num_hidden_layers
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "head_dim", "q_lora_rank", "o_lora_rank", "o_groups",
-                     "index_n_heads", "index_head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "head_dim",
+            "q_lora_rank",
+            "o_lora_rank",
+            "o_groups",
+            "index_n_heads",
+            "index_head_dim",
+        ):
             if int(getattr(self, name)) < 1:
                 raise _err(name, f"must be >= 1, got {getattr(self, name)}")
         if self.sliding_window < 1:
@@ -231,25 +240,37 @@ class DeepseekV41Config:
         if self.index_topk < 1:
             raise _err("index_topk", f"must be >= 1, got {self.index_topk}")
         if self.qk_rope_head_dim > self.head_dim or self.qk_rope_head_dim % 2:
-            raise _err("qk_rope_head_dim", f"{self.qk_rope_head_dim} must be even and <= "
-                       f"head_dim {self.head_dim}")
+            raise _err(
+                "qk_rope_head_dim",
+                f"{self.qk_rope_head_dim} must be even and <= head_dim {self.head_dim}",
+            )
         if self.qk_rope_head_dim > self.index_head_dim:
-            raise _err("qk_rope_head_dim", f"{self.qk_rope_head_dim} > index_head_dim "
-                       f"{self.index_head_dim}")
+            raise _err(
+                "qk_rope_head_dim",
+                f"{self.qk_rope_head_dim} > index_head_dim {self.index_head_dim}",
+            )
         if self.head_dim % 32:
-            raise _err("head_dim", f"{self.head_dim} must be a multiple of 32 (one FP8 scale "
-                       "per 32 values)")
+            raise _err(
+                "head_dim",
+                f"{self.head_dim} must be a multiple of 32 (one FP8 scale per 32 values)",
+            )
         if self.index_head_dim % 32:
             raise _err("index_head_dim", f"{self.index_head_dim} must be a multiple of 32")
         if (self.num_attention_heads * self.head_dim) % self.o_groups:
-            raise _err("o_groups", f"{self.o_groups} does not divide num_attention_heads * "
-                       f"head_dim = {self.num_attention_heads * self.head_dim}")
+            raise _err(
+                "o_groups",
+                f"{self.o_groups} does not divide num_attention_heads * "
+                f"head_dim = {self.num_attention_heads * self.head_dim}",
+            )
         if self.kv_cache_dtype_main not in ("fp4", "fp8"):
-            raise _err("kv_cache_dtype_main", f"must be 'fp4' or 'fp8', got "
-                       f"{self.kv_cache_dtype_main!r}")
+            raise _err(
+                "kv_cache_dtype_main", f"must be 'fp4' or 'fp8', got {self.kv_cache_dtype_main!r}"
+            )
         if len(self.compress_ratios) < L:
-            raise _err("compress_ratios", f"has {len(self.compress_ratios)} entries, "
-                       f"need num_hidden_layers = {L}")
+            raise _err(
+                "compress_ratios",
+                f"has {len(self.compress_ratios)} entries, need num_hidden_layers = {L}",
+            )
         for i in range(L):
             r = self.compress_ratios[i]
             if r not in (0, 1, 2):
@@ -260,8 +281,9 @@ class DeepseekV41Config:
             ids = list(getattr(self, name))
             for j, s in enumerate(ids):
                 if not isinstance(s, int) or not 0 <= s < L:
-                    raise _err(name, f"id {s} out of range [0, {L})", s if isinstance(s, int)
-                               else None)
+                    raise _err(
+                        name, f"id {s} out of range [0, {L})", s if isinstance(s, int) else None
+                    )
                 if j and s <= ids[j - 1]:
                     what = "duplicated" if s == ids[j - 1] else "not sorted"
                     raise _err(name, f"ids {what} at {s}", s)
@@ -269,28 +291,44 @@ class DeepseekV41Config:
                     raise _err(name, "source layer has compress ratio 0", s)
         for s in self.kv_source_layer_ids:
             if s not in self.index_source_layer_ids:
-                raise _err("kv_source_layer_ids", "kv source is not an index source "
-                           "(a Full layer must be in both lists)", s)
+                raise _err(
+                    "kv_source_layer_ids",
+                    "kv source is not an index source (a Full layer must be in both lists)",
+                    s,
+                )
         for i in range(L):
             if self.compress_ratios[i] == 0:
                 continue
             if self.source_layer_of(i) < 0:
-                raise _err("kv_source_layer_ids", f"no preceding kv source of ratio "
-                           f"{self.compress_ratios[i]}", i)
+                raise _err(
+                    "kv_source_layer_ids",
+                    f"no preceding kv source of ratio {self.compress_ratios[i]}",
+                    i,
+                )
             if self.index_source_of(i) < 0:
-                raise _err("index_source_layer_ids", f"no preceding index source of ratio "
-                           f"{self.compress_ratios[i]}", i)
+                raise _err(
+                    "index_source_layer_ids",
+                    f"no preceding index source of ratio {self.compress_ratios[i]}",
+                    i,
+                )
         c = self.candidate_source_layer_id
         if c >= 0:
             if c >= L or self.role(c) != FULL or self.ratio(c) != 1:
                 raise _err("candidate_source_layer_id", "must be a ratio-1 Full layer", c)
             if self.candidate_topk_blocks < 1 or self.candidate_block_size < 1:
-                raise _err("candidate_topk_blocks", "candidate_topk_blocks and "
-                           "candidate_block_size must be >= 1 with a candidate source", c)
+                raise _err(
+                    "candidate_topk_blocks",
+                    "candidate_topk_blocks and "
+                    "candidate_block_size must be >= 1 with a candidate source",
+                    c,
+                )
         if self.n_routed_experts:
             if not 1 <= self.num_experts_per_tok <= self.n_routed_experts:
-                raise _err("num_experts_per_tok", f"{self.num_experts_per_tok} not in "
-                           f"[1, n_routed_experts={self.n_routed_experts}]")
+                raise _err(
+                    "num_experts_per_tok",
+                    f"{self.num_experts_per_tok} not in "
+                    f"[1, n_routed_experts={self.n_routed_experts}]",
+                )
             if self.moe_intermediate_size < 1:
                 raise _err("moe_intermediate_size", "must be >= 1 with routed experts")
         elif self.intermediate_size < 1:
@@ -305,12 +343,16 @@ class DeepseekV41Config:
         if self.engram_layer_ids:
             first = self.engram_layer_ids[0]
             if len(self.engram_num_embeddings) != len(self.engram_layer_ids):
-                raise _err("engram_num_embeddings", f"{len(self.engram_num_embeddings)} table "
-                           f"sizes for {len(self.engram_layer_ids)} Engram layers")
+                raise _err(
+                    "engram_num_embeddings",
+                    f"{len(self.engram_num_embeddings)} table "
+                    f"sizes for {len(self.engram_layer_ids)} Engram layers",
+                )
             for j, rows in enumerate(self.engram_num_embeddings):
                 if int(rows) < 1:
-                    raise _err("engram_num_embeddings", f"table size {rows} < 1",
-                               self.engram_layer_ids[j])
+                    raise _err(
+                        "engram_num_embeddings", f"table size {rows} < 1", self.engram_layer_ids[j]
+                    )
             if self.engram_max_ngram_size < 2:
                 raise _err("engram_max_ngram_size", "must be >= 2 (n-grams of 2.. tokens)", first)
             # engram_compressed_vocab_size is checked against the tokenizer when the hasher is
@@ -318,8 +360,9 @@ class DeepseekV41Config:
             # released-weight loader.
             for name in ("engram_n_heads", "engram_head_dim", "engram_vocab_size"):
                 if int(getattr(self, name)) < 1:
-                    raise _err(name, f"must be >= 1 with Engram layers, got "
-                               f"{getattr(self, name)}", first)
+                    raise _err(
+                        name, f"must be >= 1 with Engram layers, got {getattr(self, name)}", first
+                    )
 
 
 def preset(name: str) -> DeepseekV41Config:

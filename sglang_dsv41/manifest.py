@@ -5,6 +5,7 @@ Names follow the released checkpoint (`layers.{i}.attn.wq_a.weight`, ...). Dtype
 dense (unquantized) format: `dense_dtype` for matrices and norms, fp32 for `attn_sink` and the
 router bias.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,13 +48,22 @@ def ffn_tensors(cfg: DeepseekV41Config, i: int) -> dict:
         E, inter = cfg.n_routed_experts, cfg.moe_intermediate_size
         out = {"gate.weight": (E, hid), "gate.bias": (E,)}
         for e in range(E):
-            out.update({f"experts.{e}.w1.weight": (inter, hid),
-                        f"experts.{e}.w2.weight": (hid, inter),
-                        f"experts.{e}.w3.weight": (inter, hid)})
+            out.update(
+                {
+                    f"experts.{e}.w1.weight": (inter, hid),
+                    f"experts.{e}.w2.weight": (hid, inter),
+                    f"experts.{e}.w3.weight": (inter, hid),
+                }
+            )
         if cfg.n_shared_experts:
             s = inter * cfg.n_shared_experts
-            out.update({"shared_experts.w1.weight": (s, hid), "shared_experts.w2.weight": (hid, s),
-                        "shared_experts.w3.weight": (s, hid)})
+            out.update(
+                {
+                    "shared_experts.w1.weight": (s, hid),
+                    "shared_experts.w2.weight": (hid, s),
+                    "shared_experts.w3.weight": (s, hid),
+                }
+            )
         return out
     inter = cfg.intermediate_size
     return {"w1.weight": (inter, hid), "w2.weight": (hid, inter), "w3.weight": (inter, hid)}
@@ -70,25 +80,42 @@ def layer_extra_tensors(cfg: DeepseekV41Config, i: int) -> dict:
     if S > 1:
         w = (2 + S) * S
         for sub in ("attn", "ffn"):
-            out.update({f"hc_{sub}_fn": (w, S * d), f"hc_{sub}_base": (w,),
-                        f"hc_{sub}_scale": (3,)})
+            out.update(
+                {f"hc_{sub}_fn": (w, S * d), f"hc_{sub}_base": (w,), f"hc_{sub}_scale": (3,)}
+            )
     if i in cfg.engram_layer_ids:
         j = list(cfg.engram_layer_ids).index(i)
         cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
-        out.update({"engram.embed.weight": (cfg.engram_num_embeddings[j], cfg.engram_head_dim),
-                    "engram.wkv.weight": ((S + 1) * d, cols * cfg.engram_head_dim),
-                    "engram.q_weight": (S, d), "engram.k_weight": (S, d)})
+        out.update(
+            {
+                "engram.embed.weight": (cfg.engram_num_embeddings[j], cfg.engram_head_dim),
+                "engram.wkv.weight": ((S + 1) * d, cols * cfg.engram_head_dim),
+                "engram.q_weight": (S, d),
+                "engram.k_weight": (S, d),
+            }
+        )
     return out
 
 
-FP32_SUFFIXES = ("attn_sink", "gate.bias", "hc_attn_fn", "hc_attn_base", "hc_attn_scale",
-                 "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale")
+FP32_SUFFIXES = (
+    "attn_sink",
+    "gate.bias",
+    "hc_attn_fn",
+    "hc_attn_base",
+    "hc_attn_scale",
+    "hc_ffn_fn",
+    "hc_ffn_base",
+    "hc_ffn_scale",
+)
 
 
 def tensor_manifest(cfg: DeepseekV41Config, dense_dtype=torch.float32) -> dict:
     """Full name -> (shape, dtype) for the dense checkpoint format."""
-    shapes = {"embed.weight": (cfg.vocab_size, cfg.hidden_size), "norm.weight": (cfg.hidden_size,),
-              "head.weight": (cfg.vocab_size, cfg.hidden_size)}
+    shapes = {
+        "embed.weight": (cfg.vocab_size, cfg.hidden_size),
+        "norm.weight": (cfg.hidden_size,),
+        "head.weight": (cfg.vocab_size, cfg.hidden_size),
+    }
     for i in range(cfg.num_hidden_layers):
         p = f"layers.{i}."
         shapes[p + "attn_norm.weight"] = (cfg.hidden_size,)
@@ -96,5 +123,7 @@ def tensor_manifest(cfg: DeepseekV41Config, dense_dtype=torch.float32) -> dict:
         shapes.update({p + "attn." + k: v for k, v in attention_tensors(cfg, i).items()})
         shapes.update({p + "ffn." + k: v for k, v in ffn_tensors(cfg, i).items()})
         shapes.update({p + k: v for k, v in layer_extra_tensors(cfg, i).items()})
-    return {n: (tuple(s), torch.float32 if n.endswith(FP32_SUFFIXES) else dense_dtype)
-            for n, s in shapes.items()}
+    return {
+        n: (tuple(s), torch.float32 if n.endswith(FP32_SUFFIXES) else dense_dtype)
+        for n, s in shapes.items()
+    }

@@ -4,6 +4,7 @@ Interface and semantics: kernels/indexer/ref.py. On SM90+ with Triton the fast p
 (kernels/indexer/ops.py) never builds a [T, N] logits tensor and its Reindex work is independent
 of N; elsewhere, or with DSV41_FORCE_REF=1, the torch references (mask-and-topk) run.
 """
+
 from sglang_dsv41.kernels.dispatch import use_triton
 from sglang_dsv41.kernels.indexer import ref
 
@@ -28,15 +29,18 @@ def full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, group
     return ref.full_topk_ref(qI, w, index_k, page_table, req_ids, n_visible, P, topk)
 
 
-def candidate_source(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512,
-                     pool_blocks=2048, group=1):
+def candidate_source(
+    qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, pool_blocks=2048, group=1
+):
     """Candidate source -> (own top-k int32 [T, topk], pool block ids int32 [T, pool_blocks])."""
     ops = _fast(qI)
     if ops:
-        return ops.candidate_source(qI, w, index_k, page_table, req_ids, n_visible, P, topk,
-                                    pool_blocks, group)
-    return ref.candidate_source_ref(qI, w, index_k, page_table, req_ids, n_visible, P, topk,
-                                    pool_blocks)
+        return ops.candidate_source(
+            qI, w, index_k, page_table, req_ids, n_visible, P, topk, pool_blocks, group
+        )
+    return ref.candidate_source_ref(
+        qI, w, index_k, page_table, req_ids, n_visible, P, topk, pool_blocks
+    )
 
 
 def reindex(qI, w, index_k, page_table, req_ids, n_visible, P, pool, topk=512):

@@ -9,6 +9,7 @@ The same argument with the forced newest block taking one place shows that a poo
 `pool_blocks > topk` blocks holds the Full layer's own top-k, so the candidate source reads its
 top-k off the pool it builds. Output order along the TOPK axis is unspecified.
 """
+
 import os
 
 import torch
@@ -21,9 +22,11 @@ NEG_INF = float("-inf")
 BLOCK = 8
 # Launch shapes (entries per tile, tiles per program, warps): the fastest of
 # benchmarks/bench_indexer.py's sweeps on the H200 (RESULTS.md); prefill callers pass group=8.
-TUNING = {"scan": {"bn": 128, "tiles": 8, "num_warps": 4},
-          "scan_group": {"bn": 128, "tiles": 8, "num_warps": 8},
-          "pool": {"bn": 128, "tiles": 1, "num_warps": 4}}
+TUNING = {
+    "scan": {"bn": 128, "tiles": 8, "num_warps": 4},
+    "scan_group": {"bn": 128, "tiles": 8, "num_warps": 8},
+    "pool": {"bn": 128, "tiles": 1, "num_warps": 4},
+}
 # "triton": kernels/indexer/select.py; "torch": torch.topk (kept for comparison in the benchmark)
 SELECT = "triton"
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -38,8 +41,14 @@ def _prep(qI, w, index_k, page_table, req_ids, n_visible):
     q = qI.to(torch.bfloat16).contiguous()  # FP4 fake-quant values are exact in bf16
     w = w.to(torch.float32).contiguous()
     pt = page_table.to(torch.int32).contiguous()
-    return (q, w, index_k.view(torch.int32), pt, req_ids.to(torch.int32).contiguous(),
-            n_visible.to(torch.int32).contiguous())
+    return (
+        q,
+        w,
+        index_k.view(torch.int32),
+        pt,
+        req_ids.to(torch.int32).contiguous(),
+        n_visible.to(torch.int32).contiguous(),
+    )
 
 
 def groupable(req_ids_cpu: torch.Tensor, group: int) -> bool:
@@ -52,8 +61,7 @@ def groupable(req_ids_cpu: torch.Tensor, group: int) -> bool:
     return T == 0 or bool((r.view(-1, group) == r.view(-1, group)[:, :1]).all())
 
 
-def block_scores(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest=False,
-                 group=1):
+def block_scores(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest=False, group=1):
     """Block max of each query's score row: fp32 [T, ceil(max_pages * P / 8)].
 
     -inf for blocks past the visible ones; +inf for the newest visible block if force_newest.
@@ -61,8 +69,9 @@ def block_scores(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest
     guarantees every aligned run is one request (see `groupable`).
     """
     if group > 1:
-        return _block_scores_grouped(qI, w, index_k, page_table, req_ids, n_visible, P,
-                                     force_newest, group)
+        return _block_scores_grouped(
+            qI, w, index_k, page_table, req_ids, n_visible, P, force_newest, group
+        )
     q, w, rec, pt, req, nvis = _prep(qI, w, index_k, page_table, req_ids, n_visible)
     T, HI, DI = qI.shape
     bn, tiles, num_warps = (TUNING["scan"][k] for k in ("bn", "tiles", "num_warps"))
@@ -72,9 +81,26 @@ def block_scores(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest
     if T == 0 or nblk == 0:
         return out
     grid = (T, triton.cdiv(nblk * BLOCK, bn * tiles))
-    _scan_kernel[grid](q, w, rec, pt, req, nvis, out, pt.stride(0), nblk, P,
-                       FORCE_NEWEST=force_newest, HI=HI, DI=DI, BN=bn, TILES=tiles,
-                       BLOCK=BLOCK, DOT_F32=_INTERPRET, num_warps=num_warps)
+    _scan_kernel[grid](
+        q,
+        w,
+        rec,
+        pt,
+        req,
+        nvis,
+        out,
+        pt.stride(0),
+        nblk,
+        P,
+        FORCE_NEWEST=force_newest,
+        HI=HI,
+        DI=DI,
+        BN=bn,
+        TILES=tiles,
+        BLOCK=BLOCK,
+        DOT_F32=_INTERPRET,
+        num_warps=num_warps,
+    )
     return out
 
 
@@ -84,8 +110,7 @@ def nibble_major(q: torch.Tensor) -> torch.Tensor:
     return q.view(T, HI, DI // 8, 8).permute(0, 3, 2, 1).contiguous()
 
 
-def _block_scores_grouped(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest,
-                          group):
+def _block_scores_grouped(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest, group):
     q, w, rec, pt, req, nvis = _prep(qI, w, index_k, page_table, req_ids, n_visible)
     T, HI, DI = qI.shape
     assert group & (group - 1) == 0, group
@@ -95,9 +120,28 @@ def _block_scores_grouped(qI, w, index_k, page_table, req_ids, n_visible, P, for
     if T == 0 or nblk == 0:
         return out
     grid = (triton.cdiv(T, group), triton.cdiv(nblk * BLOCK, bn * tiles))
-    _scan_group_kernel[grid](nibble_major(q), w, rec, pt, req, nvis, out, T, pt.stride(0), nblk, P,
-                             FORCE_NEWEST=force_newest, HI=HI, DI=DI, QB=group, BN=bn,
-                             TILES=tiles, BLOCK=BLOCK, DOT_F32=_INTERPRET, num_warps=num_warps)
+    _scan_group_kernel[grid](
+        nibble_major(q),
+        w,
+        rec,
+        pt,
+        req,
+        nvis,
+        out,
+        T,
+        pt.stride(0),
+        nblk,
+        P,
+        FORCE_NEWEST=force_newest,
+        HI=HI,
+        DI=DI,
+        QB=group,
+        BN=bn,
+        TILES=tiles,
+        BLOCK=BLOCK,
+        DOT_F32=_INTERPRET,
+        num_warps=num_warps,
+    )
     return out
 
 
@@ -116,8 +160,26 @@ def pool_scores(qI, w, index_k, page_table, req_ids, n_visible, P, blocks):
     if T == 0 or NB == 0:
         return out
     grid = (T, triton.cdiv(NB * BLOCK, bn * tiles))
-    _pool_kernel[grid](q, w, rec, pt, req, nvis, blocks, out, pt.stride(0), NB, P,
-                       HI=HI, DI=DI, BN=bn, TILES=tiles, BLOCK=BLOCK, DOT_F32=_INTERPRET, num_warps=num_warps)
+    _pool_kernel[grid](
+        q,
+        w,
+        rec,
+        pt,
+        req,
+        nvis,
+        blocks,
+        out,
+        pt.stride(0),
+        NB,
+        P,
+        HI=HI,
+        DI=DI,
+        BN=bn,
+        TILES=tiles,
+        BLOCK=BLOCK,
+        DOT_F32=_INTERPRET,
+        num_warps=num_warps,
+    )
     return out
 
 
@@ -157,8 +219,9 @@ def full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, group
     return select_in_blocks(pool_scores(*args, blocks), blocks, topk)
 
 
-def candidate_source(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512,
-                     pool_blocks=2048, group=1):
+def candidate_source(
+    qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, pool_blocks=2048, group=1
+):
     """Candidate source: (own top-k int32 [T, topk], pool int32 [T, pool_blocks]), one scan."""
     args = (qI, w, index_k, page_table, req_ids, n_visible, P)
     if pool_blocks > topk:
@@ -169,8 +232,7 @@ def candidate_source(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512
     nv = n_visible.to(torch.int64)
     newest = ((nv - 1).clamp_min(0) // BLOCK)[:, None]
     forced = torch.where(nv[:, None] > 0, torch.full_like(newest, 1), torch.zeros_like(newest))
-    bscores.scatter_(1, newest, torch.where(forced > 0, float("inf"),
-                                            bscores.gather(1, newest)))
+    bscores.scatter_(1, newest, torch.where(forced > 0, float("inf"), bscores.gather(1, newest)))
     pool = select_blocks(bscores, pool_blocks)
     return select_in_blocks(pool_scores(*args, own), own, topk), pool
 

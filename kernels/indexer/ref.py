@@ -16,6 +16,7 @@ int32, -1 = no entry; candidate pools are block ids, block b = entries [8b, 8b +
 Scoring and selection reuse the oracle's definitions (sglang_dsv41.layers.index_math); this file
 only adds the paged gather, so it is O(N) everywhere: the mask-and-topk path.
 """
+
 import torch
 
 from sglang_dsv41.kv.records import unpack_index_k
@@ -25,7 +26,8 @@ NEG_INF = float("-inf")
 
 
 def paged_records(index_k: torch.Tensor, page_table: torch.Tensor, P: int, n: int) -> torch.Tensor:
-    """Records of entries 0..n-1 of every request: uint8 [B, n, R] (unallocated pages read slot 0)."""
+    """Records of entries 0..n-1 of every request: uint8 [B, n, R] (unallocated pages read slot
+    0)."""
     s = torch.arange(n, device=index_k.device)
     page = page_table.long()[:, s // P].clamp_min(0)  # [B, n]
     return index_k[page * P + s % P]  # [B, n, R]
@@ -45,7 +47,7 @@ def paged_scores(qI, w, index_k, page_table, req_ids, n_visible, P, n=None, chun
         rows = slice(t0, min(T, t0 + chunk))
         keys = unpack_index_k(paged_records(index_k, page_table[req_ids[rows].long()], P, n))
         for i, t in enumerate(range(rows.start, rows.stop)):
-            s = index_scores(qI[t: t + 1], w[t: t + 1], keys[i])[0]  # [n]
+            s = index_scores(qI[t : t + 1], w[t : t + 1], keys[i])[0]  # [n]
             out[t] = torch.where(vis[t], s, out[t])
     return out
 
@@ -56,8 +58,9 @@ def full_topk_ref(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512):
     return topk_indices(scores, scores > NEG_INF, topk).int()
 
 
-def candidate_source_ref(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512,
-                         pool_blocks=2048, block=8):
+def candidate_source_ref(
+    qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, pool_blocks=2048, block=8
+):
     """Candidate source: (own top-k int32 [T, topk], pool block ids int32 [T, pool_blocks]).
 
     Pool = the newest visible block plus the highest block max-scores, min(pool_blocks,

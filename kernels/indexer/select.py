@@ -3,11 +3,13 @@ rows: pool scores [T, 16384], block maxima [T, N/8]).
 
 A row chunk of at most MAX_CHUNK floats is held in registers. Its values map to uint32 keys with
 the float order (-0 as +0); the k-th largest key tau is built bit by bit from the top (32
-counting passes; four 8-bit tl.histogram passes spilled ~1.1 KB/thread at 16384), then every key > tau and the lowest-index keys == tau are kept (ties -> lower index, as the
+counting passes; four 8-bit tl.histogram passes spilled ~1.1 KB/thread at 16384), then every key >
+tau and the lowest-index keys == tau are kept (ties -> lower index, as the
 oracle's stable sort), compacted by a prefix sum. -inf is never kept; missing outputs are -1.
 Rows longer than MAX_CHUNK are cut into chunks whose top-k are merged in further rounds (the
 union of the chunks' top-k holds the row's top-k). Output order along k is by index, not score.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -16,9 +18,20 @@ MAX_CHUNK = 16384
 
 
 @triton.jit
-def _select_kernel(val_ptr, idx_ptr, blocks_ptr, out_val_ptr, out_idx_ptr, M, NB, K,
-                   MC: tl.constexpr, HAS_IDX: tl.constexpr, MAP_BLOCKS: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def _select_kernel(
+    val_ptr,
+    idx_ptr,
+    blocks_ptr,
+    out_val_ptr,
+    out_idx_ptr,
+    M,
+    NB,
+    K,
+    MC: tl.constexpr,
+    HAS_IDX: tl.constexpr,
+    MAP_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """val fp32 [T, M]; idx int32 [T, M] (HAS_IDX) or the column; chunk i_c of row i_t ->
     out_val fp32 / out_idx int32 [T, C, K]. MAP_BLOCKS: column j -> blocks[t, j // BLOCK] *
     BLOCK + j % BLOCK (pool scores -> entry ids)."""
@@ -68,17 +81,27 @@ def _launch(vals, idx, blocks, k, chunk):
     out_v = torch.empty(T, C, k, dtype=torch.float32, device=vals.device)
     out_i = torch.empty(T, C, k, dtype=torch.int32, device=vals.device)
     dummy = out_i
-    _select_kernel[(T, C)](vals, idx if idx is not None else dummy,
-                           blocks if blocks is not None else dummy, out_v, out_i, M,
-                           blocks.shape[1] if blocks is not None else 0, k, MC=mc,
-                           HAS_IDX=idx is not None, MAP_BLOCKS=blocks is not None, BLOCK=8,
-
-                           num_warps=16)
+    _select_kernel[(T, C)](
+        vals,
+        idx if idx is not None else dummy,
+        blocks if blocks is not None else dummy,
+        out_v,
+        out_i,
+        M,
+        blocks.shape[1] if blocks is not None else 0,
+        k,
+        MC=mc,
+        HAS_IDX=idx is not None,
+        MAP_BLOCKS=blocks is not None,
+        BLOCK=8,
+        num_warps=16,
+    )
     return out_v.view(T, C * k), out_i.view(T, C * k)
 
 
-def topk_rows(vals: torch.Tensor, k: int, blocks: torch.Tensor = None,
-              chunk: int = MAX_CHUNK) -> torch.Tensor:
+def topk_rows(
+    vals: torch.Tensor, k: int, blocks: torch.Tensor = None, chunk: int = MAX_CHUNK
+) -> torch.Tensor:
     """Top-k columns of vals fp32 [T, M] (-inf never chosen): int32 [T, k], -1 padded.
 
     With blocks int32 [T, M / 8] the chosen column j is returned as entry id

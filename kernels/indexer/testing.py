@@ -6,6 +6,7 @@ the symmetric difference with the reference scores within `tol` of the reference
 the ties-within-rounding allowance of the issue, with `tol` a bound on fp32 rounding computed
 from the absolute values (see `rounding_bound`).
 """
+
 import torch
 
 from sglang_dsv41.kernels.indexer.ref import paged_scores
@@ -14,8 +15,9 @@ from sglang_dsv41.kv.records import Layout, fake_quant
 NEG_INF = float("-inf")
 
 
-def random_case(T, B, n_max, P, HI=32, DI=128, device="cpu", seed=0, lengths=None,
-                n_visible=None, spare_pages=3):
+def random_case(
+    T, B, n_max, P, HI=32, DI=128, device="cpu", seed=0, lengths=None, n_visible=None, spare_pages=3
+):
     """A paged pool holding B requests of up to n_max entries, and T queries over them.
 
     Pages of all requests are shuffled through one pool (slot order != entry order); unused
@@ -35,14 +37,16 @@ def random_case(T, B, n_max, P, HI=32, DI=128, device="cpu", seed=0, lengths=Non
     page_table = torch.full((B, max_pages), -1, dtype=torch.int32)
     used = 0
     for b in range(B):
-        page_table[b, : pages[b]] = perm[used: used + pages[b]].int()
+        page_table[b, : pages[b]] = perm[used : used + pages[b]].int()
         used += int(pages[b])
     R = DI // 2 + DI // 32
     gd = torch.Generator(device=device).manual_seed(seed + 1)
-    index_k = torch.randint(0, 256, (n_pages * P, R), dtype=torch.uint8, device=device,
-                            generator=gd)
-    index_k[:, DI // 2:] = torch.randint(120, 135, (n_pages * P, DI // 32), dtype=torch.uint8,
-                                         device=device, generator=gd)
+    index_k = torch.randint(
+        0, 256, (n_pages * P, R), dtype=torch.uint8, device=device, generator=gd
+    )
+    index_k[:, DI // 2 :] = torch.randint(
+        120, 135, (n_pages * P, DI // 32), dtype=torch.uint8, device=device, generator=gd
+    )
     req_ids = torch.randint(0, B, (T,), generator=g).int()
     if n_visible is None:
         n_visible = (torch.rand(T, generator=g) * (lengths[req_ids.long()] + 1)).long()
@@ -52,10 +56,17 @@ def random_case(T, B, n_max, P, HI=32, DI=128, device="cpu", seed=0, lengths=Non
             n_visible[-1] = 0  # a query that sees nothing: all -1
     n_visible = torch.as_tensor(n_visible).int()
     qI = fake_quant(Layout.INDEX_K, torch.randn(T, HI, DI, generator=g)).to(torch.bfloat16)
-    w = torch.randn(T, HI, generator=g) * HI ** -0.5
+    w = torch.randn(T, HI, generator=g) * HI**-0.5
     to = dict(device=device)
-    return dict(qI=qI.to(**to), w=w.to(**to), index_k=index_k, page_table=page_table.to(**to),
-                req_ids=req_ids.to(**to), n_visible=n_visible.to(**to), P=P)
+    return dict(
+        qI=qI.to(**to),
+        w=w.to(**to),
+        index_k=index_k,
+        page_table=page_table.to(**to),
+        req_ids=req_ids.to(**to),
+        n_visible=n_visible.to(**to),
+        P=P,
+    )
 
 
 def case_args(c):
@@ -67,10 +78,17 @@ def rounding_bound(c, DI=128, HI=32):
     of any score of query t in either the reference or the kernel."""
     rec = c["index_k"].clone()
     rec[:, : DI // 2] &= 0x77  # clear both sign bits of every byte: |k|
-    a = paged_scores(c["qI"].float().abs(), c["w"].abs(), rec, c["page_table"], c["req_ids"],
-                     c["n_visible"], c["P"])
+    a = paged_scores(
+        c["qI"].float().abs(),
+        c["w"].abs(),
+        rec,
+        c["page_table"],
+        c["req_ids"],
+        c["n_visible"],
+        c["P"],
+    )
     amax = torch.where(a > NEG_INF, a, torch.zeros_like(a)).amax(1)
-    return 2 * (DI + HI) * 2.0 ** -24 * amax + 1e-30
+    return 2 * (DI + HI) * 2.0**-24 * amax + 1e-30
 
 
 def check_selection(ids, ref_ids, key, tol, what="ids"):

@@ -19,13 +19,22 @@ value * 2^(scale_byte - 127), exact, and the bf16 convert is exact too (2 signif
 value: a shift pair and a mask-or (integer), two converts and one multiply. Scale bytes must be
 in [1, 240] (scales up to 2^113); K built by pack_index_k from finite data stays far inside.
 """
+
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def _dot_slice(b_v, p_qcol, j: tl.constexpr, b_acc, W: tl.constexpr, SI: tl.constexpr,
-               SJ: tl.constexpr, DOT_F32: tl.constexpr):
+def _dot_slice(
+    b_v,
+    p_qcol,
+    j: tl.constexpr,
+    b_acc,
+    W: tl.constexpr,
+    SI: tl.constexpr,
+    SJ: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     """b_acc [BN, NCOL] += b_v fp32 [BN, W] @ b_q bf16 [W, NCOL], b_q[i, c] = p_qcol[c][SI i +
     SJ j] = q[c][8 i + j]: nibble slice j of the NCOL query rows (one per head, and per query
     when grouped). (SI, SJ) = (8, 1) for q as given, (HI, W HI) for ops.nibble_major(q)."""
@@ -36,12 +45,23 @@ def _dot_slice(b_v, p_qcol, j: tl.constexpr, b_acc, W: tl.constexpr, SI: tl.cons
 
 
 @triton.jit
-def _keys_dot(rec_ptr, o_slot, m_n, p_qcol, NCOL: tl.constexpr, BN: tl.constexpr,
-              DI: tl.constexpr, SI: tl.constexpr, SJ: tl.constexpr, DOT_F32: tl.constexpr):
+def _keys_dot(
+    rec_ptr,
+    o_slot,
+    m_n,
+    p_qcol,
+    NCOL: tl.constexpr,
+    BN: tl.constexpr,
+    DI: tl.constexpr,
+    SI: tl.constexpr,
+    SJ: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     """Dots of BN keys with NCOL query rows: fp32 [BN, NCOL] (garbage where ~m_n).
 
     rec_ptr: int32 view of the pool, DI/8 code words + DI/128 scale words per record; o_slot
-    int64 [BN]; p_qcol: [NCOL] pointers to bf16 query rows (strides SI, SJ, see _dot_slice). Word i of a record
+    int64 [BN]; p_qcol: [NCOL] pointers to bf16 query rows (strides SI, SJ, see _dot_slice). Word i
+    of a record
     holds values 8 i .. 8 i + 7 (nibble j = value 8 i + j), so nibble position j of all DI/8
     words is one K = DI/8 slice of the dot against q[:, j::8]: no reshapes. DOT_F32: fp32 dot,
     only for TRITON_INTERPRET (whose bf16 dot is wrong); on the GPU each bf16 product is exact,
@@ -69,8 +89,17 @@ def _keys_dot(rec_ptr, o_slot, m_n, p_qcol, NCOL: tl.constexpr, BN: tl.constexpr
 
 
 @triton.jit
-def _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI: tl.constexpr, BN: tl.constexpr,
-                DI: tl.constexpr, DOT_F32: tl.constexpr):
+def _score_tile(
+    rec_ptr,
+    o_slot,
+    m_n,
+    qp_ptr,
+    b_w,
+    HI: tl.constexpr,
+    BN: tl.constexpr,
+    DI: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     """Scores of BN entries for one query (qp_ptr: bf16 [HI, DI], b_w fp32 [HI]): fp32 [BN]."""
     p_qcol = qp_ptr + tl.arange(0, HI) * DI
     b_acc = _keys_dot(rec_ptr, o_slot, m_n, p_qcol, HI, BN, DI, 8, 1, DOT_F32)  # [BN, HI]
@@ -81,11 +110,25 @@ def _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI: tl.constexpr, BN: tl.cons
 # 16-divisible P and keeps it through the odd record stride (17 words), emitting misaligned
 # 16-byte record loads (seen on the H200 as "misaligned address").
 @triton.jit(do_not_specialize=["P"])
-def _scan_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, out_ptr,
-                 stride_pt, NBLK, P,
-                 FORCE_NEWEST: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
-                 BN: tl.constexpr, TILES: tl.constexpr, BLOCK: tl.constexpr,
-                 DOT_F32: tl.constexpr):
+def _scan_kernel(
+    q_ptr,
+    w_ptr,
+    rec_ptr,
+    pt_ptr,
+    req_ptr,
+    nvis_ptr,
+    out_ptr,
+    stride_pt,
+    NBLK,
+    P,
+    FORCE_NEWEST: tl.constexpr,
+    HI: tl.constexpr,
+    DI: tl.constexpr,
+    BN: tl.constexpr,
+    TILES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     """Block max of the score row: out fp32 [T, NBLK], -inf past the visible blocks."""
     i_t = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -114,10 +157,25 @@ def _scan_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, out_ptr,
 
 
 @triton.jit(do_not_specialize=["P"])
-def _pool_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, blocks_ptr, out_ptr,
-                 stride_pt, NB, P,
-                 HI: tl.constexpr, DI: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr,
-                 BLOCK: tl.constexpr, DOT_F32: tl.constexpr):
+def _pool_kernel(
+    q_ptr,
+    w_ptr,
+    rec_ptr,
+    pt_ptr,
+    req_ptr,
+    nvis_ptr,
+    blocks_ptr,
+    out_ptr,
+    stride_pt,
+    NB,
+    P,
+    HI: tl.constexpr,
+    DI: tl.constexpr,
+    BN: tl.constexpr,
+    TILES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     """Scores of the entries of listed blocks: out fp32 [T, NB * BLOCK], -inf where the block
     id is -1 or the entry is not visible. blocks int32 [T, NB]."""
     i_t = tl.program_id(0)
@@ -141,11 +199,27 @@ def _pool_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, blocks_ptr, o
 
 
 @triton.jit(do_not_specialize=["P"])
-def _scan_group_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, out_ptr,
-                       T, stride_pt, NBLK, P,
-                       FORCE_NEWEST: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
-                       QB: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr,
-                       BLOCK: tl.constexpr, DOT_F32: tl.constexpr):
+def _scan_group_kernel(
+    q_ptr,
+    w_ptr,
+    rec_ptr,
+    pt_ptr,
+    req_ptr,
+    nvis_ptr,
+    out_ptr,
+    T,
+    stride_pt,
+    NBLK,
+    P,
+    FORCE_NEWEST: tl.constexpr,
+    HI: tl.constexpr,
+    DI: tl.constexpr,
+    QB: tl.constexpr,
+    BN: tl.constexpr,
+    TILES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     """`_scan_kernel` for QB consecutive query tokens of ONE request (prefill): each key tile is
     gathered and dequantized once and multiplied against all QB * HI query rows (the dequant,
     not the bytes, bounds the scan). Tokens t0 .. t0 + QB - 1 must share req_ids[t0]. q_ptr:
@@ -172,8 +246,9 @@ def _scan_group_kernel(q_ptr, w_ptr, rec_ptr, pt_ptr, req_ptr, nvis_ptr, out_ptr
             m_n = o_s < n_max
             b_page = tl.load(pt_ptr + i_b * stride_pt + o_s // P, mask=m_n, other=0)
             o_slot = b_page.to(tl.int64) * P + o_s % P
-            b_acc = _keys_dot(rec_ptr, o_slot, m_n, p_qcol, QB * HI, BN, DI, HI, (DI // 8) * HI,
-                              DOT_F32)
+            b_acc = _keys_dot(
+                rec_ptr, o_slot, m_n, p_qcol, QB * HI, BN, DI, HI, (DI // 8) * HI, DOT_F32
+            )
             b_acc = tl.maximum(b_acc, 0.0) * b_w[None, :]  # [BN, QB * HI]
             b_s = tl.sum(tl.reshape(b_acc, (BN, QB, HI)), axis=2)  # [BN, QB]
             b_s = tl.where(o_s[:, None] < b_nvis[None, :], b_s, float("-inf"))

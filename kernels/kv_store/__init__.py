@@ -15,6 +15,7 @@ RoPE: pass `pos` [T] with either `inv_freq` fp32 [R/2] (cos/sin computed per cal
 `layers.rope.apply_rope`) or `cos_sin_cache` = (cos, sin) fp32 [max_pos, R/2] read at `pos`.
 Everything is on-device and shape-static: CUDA-graph capturable.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,10 +30,18 @@ _FMT = {Layout.V41: 0, Layout.V41_FP4: 1, Layout.INDEX_K: 2}
 __all__ = ["store_records", "store_swa", "store_latent", "store_index_k", "rope_cos_sin"]
 
 
-def store_records(x: Tensor, pool: Tensor, slots: Tensor, layout: Layout, *,
-                  norm_weight: Tensor | None = None, eps: float = 1e-6,
-                  pos: Tensor | None = None, inv_freq: Tensor | None = None,
-                  cos_sin_cache: tuple[Tensor, Tensor] | None = None) -> None:
+def store_records(
+    x: Tensor,
+    pool: Tensor,
+    slots: Tensor,
+    layout: Layout,
+    *,
+    norm_weight: Tensor | None = None,
+    eps: float = 1e-6,
+    pos: Tensor | None = None,
+    inv_freq: Tensor | None = None,
+    cos_sin_cache: tuple[Tensor, Tensor] | None = None,
+) -> None:
     """Normalize (optional), rotate (optional) and pack T rows into `pool` at `slots`, in place.
 
     x [T, D] fp32 or bf16 (D a multiple of 32; bf16 rows are rounded to bf16 after the norm and
@@ -74,24 +83,66 @@ def store_records(x: Tensor, pool: Tensor, slots: Tensor, layout: Layout, *,
     tri.store_records(x, flat, slots, _FMT[layout], w, eps, rows, cos, sin, rope_dim)
 
 
-def store_swa(x: Tensor, norm_weight: Tensor, eps: float, pos: Tensor, pool: Tensor,
-              slots: Tensor, *, inv_freq: Tensor | None = None,
-              cos_sin_cache: tuple[Tensor, Tensor] | None = None) -> None:
+def store_swa(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    pos: Tensor,
+    pool: Tensor,
+    slots: Tensor,
+    *,
+    inv_freq: Tensor | None = None,
+    cos_sin_cache: tuple[Tensor, Tensor] | None = None,
+) -> None:
     """SWA rows x [T, D] -> V41 records (RMSNorm, RoPE on the last R dims) at slots [T]."""
-    store_records(x, pool, slots, Layout.V41, norm_weight=norm_weight, eps=eps, pos=pos,
-                  inv_freq=inv_freq, cos_sin_cache=cos_sin_cache)
+    store_records(
+        x,
+        pool,
+        slots,
+        Layout.V41,
+        norm_weight=norm_weight,
+        eps=eps,
+        pos=pos,
+        inv_freq=inv_freq,
+        cos_sin_cache=cos_sin_cache,
+    )
 
 
-def store_latent(x: Tensor, pos: Tensor, pool: Tensor, slots: Tensor, *,
-                 layout: Layout = Layout.V41_FP4, inv_freq: Tensor | None = None,
-                 cos_sin_cache: tuple[Tensor, Tensor] | None = None) -> None:
-    """Compressed latents x [n, D] (already normed) -> RoPE at entry positions pos [n] -> records."""
+def store_latent(
+    x: Tensor,
+    pos: Tensor,
+    pool: Tensor,
+    slots: Tensor,
+    *,
+    layout: Layout = Layout.V41_FP4,
+    inv_freq: Tensor | None = None,
+    cos_sin_cache: tuple[Tensor, Tensor] | None = None,
+) -> None:
+    """Compressed latents x [n, D] (already normed) -> RoPE at entry positions pos [n] ->
+    records."""
     store_records(x, pool, slots, layout, pos=pos, inv_freq=inv_freq, cos_sin_cache=cos_sin_cache)
 
 
-def store_index_k(x: Tensor, norm_weight: Tensor, eps: float, pos: Tensor, pool: Tensor,
-                  slots: Tensor, *, inv_freq: Tensor | None = None,
-                  cos_sin_cache: tuple[Tensor, Tensor] | None = None) -> None:
+def store_index_k(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    pos: Tensor,
+    pool: Tensor,
+    slots: Tensor,
+    *,
+    inv_freq: Tensor | None = None,
+    cos_sin_cache: tuple[Tensor, Tensor] | None = None,
+) -> None:
     """Index keys x [n, DI] (after `wk`) -> k_norm, RoPE -> INDEX_K records at slots [n]."""
-    store_records(x, pool, slots, Layout.INDEX_K, norm_weight=norm_weight, eps=eps, pos=pos,
-                  inv_freq=inv_freq, cos_sin_cache=cos_sin_cache)
+    store_records(
+        x,
+        pool,
+        slots,
+        Layout.INDEX_K,
+        norm_weight=norm_weight,
+        eps=eps,
+        pos=pos,
+        inv_freq=inv_freq,
+        cos_sin_cache=cos_sin_cache,
+    )

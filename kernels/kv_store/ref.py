@@ -4,6 +4,7 @@ The intermediate rounding follows the torch layers: `rms_norm` returns x's dtype
 the rotated span back to x's dtype, so a bf16 row is rounded to bf16 after each step, exactly as
 `layers.norm.rms_norm` + `layers.rope.apply_rope` + `kv.records.pack` would do.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,13 +15,15 @@ from sglang_dsv41.layers.norm import rms_norm
 
 
 def rope_cos_sin(pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
-    """pos [T] int, inv_freq fp32 [R/2] -> (cos, sin) fp32 [T, R/2], as `apply_rope` computes them."""
+    """pos [T] int, inv_freq fp32 [R/2] -> (cos, sin) fp32 [T, R/2], as `apply_rope` computes
+    them."""
     ang = pos.to(torch.float32)[:, None] * inv_freq.to(device=pos.device, dtype=torch.float32)[None]
     return torch.cos(ang), torch.sin(ang)
 
 
 def rotate_tail(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [T, D] float, cos/sin fp32 [T, R/2] -> [T, D] in x's dtype, last R dims rotated in pairs."""
+    """x [T, D] float, cos/sin fp32 [T, R/2] -> [T, D] in x's dtype, last R dims rotated in
+    pairs."""
     R = 2 * cos.shape[-1]
     head, tail = x[..., :-R], x[..., -R:].float()
     a, b = tail[..., 0::2], tail[..., 1::2]
@@ -28,8 +31,13 @@ def rotate_tail(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((head, rot.to(x.dtype)), dim=-1)
 
 
-def record_values(x: Tensor, norm_weight: Tensor | None = None, eps: float = 1e-6,
-                  cos: Tensor | None = None, sin: Tensor | None = None) -> Tensor:
+def record_values(
+    x: Tensor,
+    norm_weight: Tensor | None = None,
+    eps: float = 1e-6,
+    cos: Tensor | None = None,
+    sin: Tensor | None = None,
+) -> Tensor:
     """x [T, D] fp32/bf16 -> fp32 [T, D]: the values a store quantizes (norm, then RoPE)."""
     y = x
     if norm_weight is not None:
@@ -39,9 +47,16 @@ def record_values(x: Tensor, norm_weight: Tensor | None = None, eps: float = 1e-
     return y.to(torch.float32)
 
 
-def store_records_ref(x: Tensor, pool: Tensor, slots: Tensor, layout: Layout,
-                      norm_weight: Tensor | None = None, eps: float = 1e-6,
-                      cos: Tensor | None = None, sin: Tensor | None = None) -> None:
+def store_records_ref(
+    x: Tensor,
+    pool: Tensor,
+    slots: Tensor,
+    layout: Layout,
+    norm_weight: Tensor | None = None,
+    eps: float = 1e-6,
+    cos: Tensor | None = None,
+    sin: Tensor | None = None,
+) -> None:
     """Write pack(layout, record_values(x, ...)) rows into pool slots, in place.
 
     x [T, D]; pool uint8 [..., B] whose leading dims flatten to slots; slots [T] int, -1 = skip;

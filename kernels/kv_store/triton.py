@@ -9,6 +9,7 @@ GP = G/2 pairs), which is the RoPE pairing, the e2m1 nibble pairing, and a scale
 once. Every encoder below is the integer/compare form of the codecs in `kv/fp.py`, so the bytes
 are equal, not close. Float fusion is disabled at launch so `a*c - b*s` rounds like torch.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,7 +28,8 @@ def _signbit(x):
 
 @triton.jit
 def e4m3_encode(x):
-    """fp32 [...] -> int32 e4m3 codes [...]: RNE, saturating at 448, subnormals kept, NaN -> 0x7F."""
+    """fp32 [...] -> int32 e4m3 codes [...]: RNE, saturating at 448, subnormals kept, NaN ->
+    0x7F."""
     a = tl.minimum(tl.abs(x), 448.0)
     bits = a.to(tl.int32, bitcast=True)
     mant = bits & 0x7FFFFF
@@ -46,8 +48,9 @@ def e4m3_decode(code):
     """int32 e4m3 codes [...] -> fp32 [...] (exact; 0x7F / 0xFF -> NaN)."""
     e = (code >> 3) & 15
     m = code & 7
-    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125,
-                   ((8 + m) << e).to(tl.float32) * 0.0009765625)
+    mag = tl.where(
+        e == 0, m.to(tl.float32) * 0.001953125, ((8 + m) << e).to(tl.float32) * 0.0009765625
+    )
     val = tl.where((code & 0x80) != 0, -mag, mag)
     return tl.where((code & 0x7F) == 0x7F, float("nan"), val)
 
@@ -56,9 +59,15 @@ def e4m3_decode(code):
 def e2m1_encode(x):
     """fp32 [...] -> int32 codes 0..15 [...]: RNE on the e2m1 grid, saturating at 6, NaN -> 0."""
     a = tl.abs(x)
-    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-           + (a > 5.0).to(tl.int32))
+    mag = (
+        (a > 0.25).to(tl.int32)
+        + (a >= 0.75).to(tl.int32)
+        + (a > 1.25).to(tl.int32)
+        + (a >= 1.75).to(tl.int32)
+        + (a > 2.5).to(tl.int32)
+        + (a >= 3.5).to(tl.int32)
+        + (a > 5.0).to(tl.int32)
+    )
     sign = tl.where(x != x, 0, _signbit(x))
     return mag | (sign << 3)
 
@@ -75,7 +84,8 @@ def ue8m0_encode(amax, FMAX: tl.constexpr):
 
 @triton.jit
 def round_bf16(x):
-    """fp32 [...] -> fp32 [...] rounded to bf16 (RNE), in integer ops (the interpreter truncates)."""
+    """fp32 [...] -> fp32 [...] rounded to bf16 (RNE), in integer ops (the interpreter
+    truncates)."""
     bits = x.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
     return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
@@ -91,14 +101,25 @@ def _tile_amax(b_e, b_o):
 
 @triton.jit
 def _store_records_kernel(
-    x_ptr, stride_x,              # [T, D] float rows
-    w_ptr, eps,                   # [D] fp32 RMSNorm weight (HAS_NORM)
-    cs_row_ptr,                   # [T] int: row of cos/sin for token t (CS_INDEXED), else row t
-    cos_ptr, sin_ptr, stride_cs,  # [*, R/2] fp32
-    slot_ptr,                     # [T] int, -1 = skip
-    out_ptr, stride_out,          # uint8 [S, B] flat pool
-    D: tl.constexpr, R: tl.constexpr, G: tl.constexpr, NG_P2: tl.constexpr,
-    FMT: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, CS_INDEXED: tl.constexpr,
+    x_ptr,
+    stride_x,  # [T, D] float rows
+    w_ptr,
+    eps,  # [D] fp32 RMSNorm weight (HAS_NORM)
+    cs_row_ptr,  # [T] int: row of cos/sin for token t (CS_INDEXED), else row t
+    cos_ptr,
+    sin_ptr,
+    stride_cs,  # [*, R/2] fp32
+    slot_ptr,  # [T] int, -1 = skip
+    out_ptr,
+    stride_out,  # uint8 [S, B] flat pool
+    D: tl.constexpr,
+    R: tl.constexpr,
+    G: tl.constexpr,
+    NG_P2: tl.constexpr,
+    FMT: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    HAS_ROPE: tl.constexpr,
+    CS_INDEXED: tl.constexpr,
     ROUND_BF16: tl.constexpr,
 ):
     i_t = tl.program_id(0)
@@ -161,8 +182,18 @@ def _store_records_kernel(
         tl.store(p_out + D // 2 + o_g, sbyte.to(tl.uint8), mask=o_g < NG)
 
 
-def store_records(x, pool_flat, slots, fmt: int, weight=None, eps: float = 0.0, cs_rows=None,
-                  cos=None, sin=None, rope_dim: int = 0):
+def store_records(
+    x,
+    pool_flat,
+    slots,
+    fmt: int,
+    weight=None,
+    eps: float = 0.0,
+    cs_rows=None,
+    cos=None,
+    sin=None,
+    rope_dim: int = 0,
+):
     """Launch the store; arguments as prepared by `kernels.kv_store.store_records`.
 
     x [T, D] fp32/bf16 (last dim contiguous); pool_flat uint8 [S, B]; slots [T] int (-1 =
@@ -175,13 +206,26 @@ def store_records(x, pool_flat, slots, fmt: int, weight=None, eps: float = 0.0, 
     G = 16 if fmt == FMT_V41_FP4 else 32
     has_rope = rope_dim > 0
     _store_records_kernel[(T,)](
-        x, x.stride(0),
-        weight if weight is not None else x, float(eps),
+        x,
+        x.stride(0),
+        weight if weight is not None else x,
+        float(eps),
         cs_rows if cs_rows is not None else slots,
-        cos if has_rope else x, sin if has_rope else x, cos.stride(0) if has_rope else 0,
-        slots, pool_flat, pool_flat.stride(0),
-        D=D, R=rope_dim, G=G, NG_P2=triton.next_power_of_2(D // G), FMT=fmt,
-        HAS_NORM=weight is not None, HAS_ROPE=has_rope, CS_INDEXED=cs_rows is not None,
+        cos if has_rope else x,
+        sin if has_rope else x,
+        cos.stride(0) if has_rope else 0,
+        slots,
+        pool_flat,
+        pool_flat.stride(0),
+        D=D,
+        R=rope_dim,
+        G=G,
+        NG_P2=triton.next_power_of_2(D // G),
+        FMT=fmt,
+        HAS_NORM=weight is not None,
+        HAS_ROPE=has_rope,
+        CS_INDEXED=cs_rows is not None,
         ROUND_BF16=x.dtype == torch.bfloat16,
-        num_warps=4 if D >= 256 else 1, enable_fp_fusion=False,
+        num_warps=4 if D >= 256 else 1,
+        enable_fp_fusion=False,
     )

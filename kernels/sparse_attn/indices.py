@@ -9,14 +9,16 @@ SWA span of a token at position `pos`: [max(pos - W + 1, floor), pos], where `fl
 the first replayed position under decoder bounded replay (DESIGN.md section 5). Positions outside
 the span, and slots that are -1 in the table, become -1.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
 
-def swa_window_slots(req_to_slot: Tensor, req_index: Tensor, pos: Tensor, window: int,
-                     floor: Tensor | None = None) -> Tensor:
+def swa_window_slots(
+    req_to_slot: Tensor, req_index: Tensor, pos: Tensor, window: int, floor: Tensor | None = None
+) -> Tensor:
     """int32 [T, W]: entry w is the slot of position pos - W + 1 + w (oldest first), or -1.
 
     req_to_slot [B, L] int (slot of each token position of request b, -1 = none);

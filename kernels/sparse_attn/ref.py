@@ -5,6 +5,7 @@ For query token t and head h: one softmax over
 with K = V (the records' dequantized D-vectors), the sink unscaled and of value zero. Entries whose
 slot is -1 are left out. A token that sees nothing gets o = 0.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,12 +23,19 @@ def gather_records(cache: Tensor, slots: Tensor, layout: Layout, dim: int) -> Te
     return torch.where((slots >= 0)[..., None], k, torch.zeros((), dtype=k.dtype, device=k.device))
 
 
-def sparse_attention_ref(q: Tensor, swa_cache: Tensor | None, swa_slots: Tensor | None,
-                         kv_cache: Tensor | None, topk_slots: Tensor | None,
-                         kv_layout: Layout = Layout.V41_FP4, attn_sink: Tensor | None = None,
-                         scale: float | None = None, out_dtype: torch.dtype | None = None,
-                         compute_dtype: torch.dtype = torch.float32,
-                         chunk: int = 64) -> Tensor:
+def sparse_attention_ref(
+    q: Tensor,
+    swa_cache: Tensor | None,
+    swa_slots: Tensor | None,
+    kv_cache: Tensor | None,
+    topk_slots: Tensor | None,
+    kv_layout: Layout = Layout.V41_FP4,
+    attn_sink: Tensor | None = None,
+    scale: float | None = None,
+    out_dtype: torch.dtype | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+    chunk: int = 64,
+) -> Tensor:
     """o [T, H, D] = sparse attention of q over SWA records (V41) and top-k records (kv_layout).
 
     q [T, H, D] float; swa_cache uint8 [..., D + D/32] with swa_slots [T, W] int (-1 = skip);
@@ -37,7 +45,7 @@ def sparse_attention_ref(q: Tensor, swa_cache: Tensor | None, swa_slots: Tensor 
     records are dequantized in fp32 first (exact in bf16 too). Rows are done `chunk` at a time.
     """
     T, H, D = q.shape
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     out = torch.empty(T, H, D, dtype=out_dtype or q.dtype, device=q.device)
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)

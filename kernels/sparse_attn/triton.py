@@ -11,6 +11,7 @@ Splits (flash-decoding): with NSPLIT > 1 each program writes its normalized part
 its base-2 log-sum-exp; `_combine_kernel` merges the splits and the sink. NSPLIT is a function
 of shapes only, so a decode call is CUDA-graph capturable (no host syncs, static grid).
 """
+
 from __future__ import annotations
 
 import functools
@@ -98,16 +99,37 @@ def _attend_tile(b_q, b_k, valid, m_i, l_i, acc, qk_scale, PREC: tl.constexpr):
 
 @triton.jit
 def _sparse_attn_kernel(
-    q_ptr, stride_qt, stride_qh,                  # bf16 [T, H, D]
-    swa_ptr, swa_stride, swa_idx_ptr, stride_swt,  # uint8 [S, D + D/32]; int32 [T, W]
-    kv_ptr, kv_stride, kv_idx_ptr, stride_kvt,     # uint8 [S', B]; int32 [T, TOPK]
-    sink_ptr,                                      # fp32 [H]
-    o_ptr, stride_ot, stride_os, stride_oh,        # out [T, H, D] or fp32 partials [T, NS, H, D]
-    lse_ptr,                                       # fp32 [T, NS, H] (SPLIT)
-    H, W, TOPK, qk_scale,
-    D: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, KV_FP4: tl.constexpr,
-    HAS_SINK: tl.constexpr, SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_FP32: tl.constexpr, ROUND_Q: tl.constexpr, PREC: tl.constexpr,
+    q_ptr,
+    stride_qt,
+    stride_qh,  # bf16 [T, H, D]
+    swa_ptr,
+    swa_stride,
+    swa_idx_ptr,
+    stride_swt,  # uint8 [S, D + D/32]; int32 [T, W]
+    kv_ptr,
+    kv_stride,
+    kv_idx_ptr,
+    stride_kvt,  # uint8 [S', B]; int32 [T, TOPK]
+    sink_ptr,  # fp32 [H]
+    o_ptr,
+    stride_ot,
+    stride_os,
+    stride_oh,  # out [T, H, D] or fp32 partials [T, NS, H, D]
+    lse_ptr,  # fp32 [T, NS, H] (SPLIT)
+    H,
+    W,
+    TOPK,
+    qk_scale,
+    D: tl.constexpr,
+    BH: tl.constexpr,
+    BN: tl.constexpr,
+    KV_FP4: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    ROUND_Q: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     # DOT_FP32: fp32 tiles, for TRITON_INTERPRET=1 (its bf16 dot is wrong) and for the exact
     # path (fp32 q, PREC = "ieee": true fp32 products, as the torch reference computes them).
@@ -171,8 +193,17 @@ def _sparse_attn_kernel(
 
 @triton.jit
 def _combine_kernel(
-    part_ptr, lse_ptr, sink_ptr, o_ptr, stride_ot, stride_oh, H,
-    D: tl.constexpr, NUM_SPLITS: tl.constexpr, NS_P2: tl.constexpr, HAS_SINK: tl.constexpr,
+    part_ptr,
+    lse_ptr,
+    sink_ptr,
+    o_ptr,
+    stride_ot,
+    stride_oh,
+    H,
+    D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    NS_P2: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
     """Merge split partials [T, NS, H, D] (normalized) with base-2 lse [T, NS, H] and the sink."""
     i_t = tl.program_id(0).to(tl.int64)
@@ -194,7 +225,7 @@ def _combine_kernel(
     tl.store(o_ptr + i_t * stride_ot + i_h * stride_oh + o_d, o.to(o_ptr.dtype.element_ty))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -207,14 +238,27 @@ def pick_splits(T: int, head_blocks: int, n_tiles: int, device: torch.device) ->
     return max(1, min(n_tiles, sms // max(1, T * head_blocks)))
 
 
-def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink,
-                     scale: float, out: torch.Tensor, num_splits: int | None = None,
-                     block_h: int | None = None, block_n: int = 32,
-                     num_warps: int | None = None, num_stages: int = 1):
+def sparse_attention(
+    q,
+    swa_flat,
+    swa_slots,
+    kv_flat,
+    topk_slots,
+    kv_fp4: bool,
+    attn_sink,
+    scale: float,
+    out: torch.Tensor,
+    num_splits: int | None = None,
+    block_h: int | None = None,
+    block_n: int = 32,
+    num_warps: int | None = None,
+    num_stages: int = 1,
+):
     """Launch; arguments as validated by `kernels.sparse_attn.sparse_attention`.
 
     q [T, H, D] bf16, or fp32 for the exact path (fp32 tiles, IEEE dots: the torch reference's
-    arithmetic up to summation order, several times slower); swa_flat uint8 [S, D + D/32] and swa_slots int32
+    arithmetic up to summation order, several times slower); swa_flat uint8 [S, D + D/32] and
+    swa_slots int32
     [T, W]; kv_flat uint8 [S', B] and topk_slots int32 [T, TOPK]; attn_sink fp32 [H] or None;
     out [T, H, D] (bf16 or fp32) written in place. W or TOPK may be 0 (pass a dummy cache).
     """
@@ -244,20 +288,51 @@ def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, 
         o_t, o_args = out, (out.stride(0), 0, out.stride(1))
     sink = attn_sink if attn_sink is not None else lse
     _sparse_attn_kernel[(T, head_blocks, ns)](
-        q, q.stride(0), q.stride(1),
-        swa_flat, swa_flat.stride(0), swa_slots, swa_slots.stride(0),
-        kv_flat, kv_flat.stride(0), topk_slots, topk_slots.stride(0),
-        sink, o_t, *o_args, lse,
-        H, W, TOPK, scale * LOG2E,
-        D=D, BH=BH, BN=block_n, KV_FP4=kv_fp4, HAS_SINK=attn_sink is not None,
-        SPLIT=split, NUM_SPLITS=ns, DOT_FP32=interpret or exact, ROUND_Q=not exact,
+        q,
+        q.stride(0),
+        q.stride(1),
+        swa_flat,
+        swa_flat.stride(0),
+        swa_slots,
+        swa_slots.stride(0),
+        kv_flat,
+        kv_flat.stride(0),
+        topk_slots,
+        topk_slots.stride(0),
+        sink,
+        o_t,
+        *o_args,
+        lse,
+        H,
+        W,
+        TOPK,
+        scale * LOG2E,
+        D=D,
+        BH=BH,
+        BN=block_n,
+        KV_FP4=kv_fp4,
+        HAS_SINK=attn_sink is not None,
+        SPLIT=split,
+        NUM_SPLITS=ns,
+        DOT_FP32=interpret or exact,
+        ROUND_Q=not exact,
         PREC="ieee" if exact else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if split:
         _combine_kernel[(T, H)](
-            part, lse, sink, out, out.stride(0), out.stride(1), H,
-            D=D, NUM_SPLITS=ns, NS_P2=triton.next_power_of_2(ns),
-            HAS_SINK=attn_sink is not None, num_warps=4,
+            part,
+            lse,
+            sink,
+            out,
+            out.stride(0),
+            out.stride(1),
+            H,
+            D=D,
+            NUM_SPLITS=ns,
+            NS_P2=triton.next_power_of_2(ns),
+            HAS_SINK=attn_sink is not None,
+            num_warps=4,
         )
     return out

@@ -2,11 +2,11 @@
 
 One record holds one token's (or one compressed entry's) vector of D values, D a multiple of 32:
 
-| layout   | bytes          | at D=512 / DI=128 | values                 | then scales                   |
-|----------|----------------|-------------------|------------------------|-------------------------------|
-| V41      | D + D/32       | 528               | D e4m3 bytes           | D/32 UE8M0 (fmax 448), per 32 |
-| V41_FP4  | D/2 + D/16     | 288               | D/2 bytes, 2 e2m1 each | D/16 e4m3, per 16             |
-| INDEX_K  | DI/2 + DI/32   | 68                | DI/2 bytes, 2 e2m1 each| DI/32 UE8M0 (fmax 6), per 32  |
+| layout  | bytes        | D=512/DI=128 | values                  | then scales                  |
+|---------|--------------|--------------|-------------------------|------------------------------|
+| V41     | D + D/32     | 528          | D e4m3 bytes            | D/32 UE8M0 (fmax 448), per 32 |
+| V41_FP4 | D/2 + D/16   | 288          | D/2 bytes, 2 e2m1 each  | D/16 e4m3, per 16            |
+| INDEX_K | DI/2 + DI/32 | 68           | DI/2 bytes, 2 e2m1 each | DI/32 UE8M0 (fmax 6), per 32 |
 
 Packed e2m1: value 2i in the low nibble of byte i, value 2i+1 in the high nibble.
 
@@ -91,7 +91,8 @@ def record_dim(layout: Layout, nbytes: int) -> int:
 
 
 def _tiles(x: Tensor, tile: int) -> tuple[Tensor, Tensor]:
-    """x [..., D] -> (fp32 tiles [..., D / tile, tile], amax fp32 [..., D / tile], NaN-propagating)."""
+    """x [..., D] -> (fp32 tiles [..., D / tile, tile], amax fp32 [..., D / tile],
+    NaN-propagating)."""
     _check_dim(x.shape[-1])
     xt = x.to(torch.float32).unflatten(-1, (-1, tile))  # [..., D / tile, tile]
     return xt, xt.abs().amax(dim=-1)  # torch.amax propagates NaN (tested)

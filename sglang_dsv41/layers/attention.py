@@ -9,6 +9,7 @@ Reuse layers have neither; SWA-only layers (ratio 0) have no global branch at al
 The cache-free math lives here; how keys are gathered (whole sequence or paged cache) is the
 caller's business.
 """
+
 import torch
 from torch import nn
 

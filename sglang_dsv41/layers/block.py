@@ -4,6 +4,7 @@ Checkpoint names under `layers.{i}.`: attn_norm, attn.*, ffn_norm, ffn.*; with h
 mHC parameters hc_attn_{fn,base,scale} and hc_ffn_{fn,base,scale} (layers/mhc.py); on
 engram_layer_ids an `engram.*` module (layers/engram.py), applied before the attention mixing.
 """
+
 from torch import nn
 
 from sglang_dsv41.layers.attention import MqaAttentionBase

@@ -7,6 +7,7 @@ No overlap between groups and no positional bias (APE). Entry j covers tokens [j
 An entry is written when (pos + 1) % r == 0; RoPE of entry j uses position j r. The pre-RoPE
 latent also feeds the index-K projection (Indexer.keys).
 """
+
 import torch
 from torch import nn
 
@@ -65,8 +66,10 @@ def stream_groups(ratio: int, start_pos: int, c: torch.Tensor, z, pending=None):
         z = torch.cat((pending[1], z), 0) if z is not None else None
         start_pos -= m
     if start_pos % ratio:
-        raise ValueError(f"stream_groups: tokens start at {start_pos}, not a group boundary "
-                         f"(ratio {ratio}); the pending slot is missing")
+        raise ValueError(
+            f"stream_groups: tokens start at {start_pos}, not a group boundary "
+            f"(ratio {ratio}); the pending slot is missing"
+        )
     n = c.shape[0] // ratio
     cut = n * ratio
     D = c.shape[-1]

@@ -25,9 +25,8 @@ kv = wkv(e) [T, (S+1) d] = S keys then one value; with w = q_weight * k_weight [
     H_j  += g_j value
 eps = rms_norm_eps. Image-token masking (vision serving) is out of scope: text only.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import numpy as np
 import torch
@@ -100,15 +99,24 @@ def compressed_token_map(tokenizer) -> tuple[Tensor, int]:
     from tokenizers import Regex, normalizers
 
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    n = len(tokenizer) if hasattr(tokenizer, "backend_tokenizer") else \
-        backend.get_vocab_size(with_added_tokens=True)
+    n = (
+        len(tokenizer)
+        if hasattr(tokenizer, "backend_tokenizer")
+        else backend.get_vocab_size(with_added_tokens=True)
+    )
     keep = "\ue000"  # private-use stand-in so a lone space survives Strip()
-    norm = normalizers.Sequence([
-        normalizers.NFKC(), normalizers.NFD(), normalizers.StripAccents(),
-        normalizers.Lowercase(), normalizers.Replace(Regex(r"[ \t\r\n]+"), " "),
-        normalizers.Replace(Regex(r"^ $"), keep), normalizers.Strip(),
-        normalizers.Replace(keep, " "),
-    ])
+    norm = normalizers.Sequence(
+        [
+            normalizers.NFKC(),
+            normalizers.NFD(),
+            normalizers.StripAccents(),
+            normalizers.Lowercase(),
+            normalizers.Replace(Regex(r"[ \t\r\n]+"), " "),
+            normalizers.Replace(Regex(r"^ $"), keep),
+            normalizers.Strip(),
+            normalizers.Replace(keep, " "),
+        ]
+    )
     ids: dict = {}
     table = []
     for tok in range(n):
@@ -121,7 +129,7 @@ def compressed_token_map(tokenizer) -> tuple[Tensor, int]:
     return torch.tensor(table, dtype=torch.int64), len(ids)
 
 
-def build_engram_hasher(cfg, checkpoint_dir=None) -> Optional["EngramHasher"]:
+def build_engram_hasher(cfg, checkpoint_dir=None) -> EngramHasher | None:
     """The model's EngramHasher, or None without engram layers.
 
     The token map comes from `checkpoint_dir/tokenizer.json`; ids past the tokenizer's length
@@ -142,8 +150,10 @@ def build_engram_hasher(cfg, checkpoint_dir=None) -> Optional["EngramHasher"]:
             table = torch.cat([table, pad.expand(cfg.vocab_size - table.shape[0])])
         return EngramHasher(cfg, table, vc)
     if cfg.engram_compressed_vocab_size != cfg.vocab_size:
-        raise ValueError("engram_compressed_vocab_size: no tokenizer.json to build the engram "
-                         "token map from, and the identity map needs it equal to vocab_size")
+        raise ValueError(
+            "engram_compressed_vocab_size: no tokenizer.json to build the engram "
+            "token map from, and the identity map needs it equal to vocab_size"
+        )
     return EngramHasher(cfg, torch.arange(cfg.vocab_size), cfg.vocab_size)
 
 
@@ -163,8 +173,15 @@ def ngram_windows(input_ids: Tensor, positions: Tensor, max_ngram: int) -> tuple
     return tokens, blocked
 
 
-def engram_hash_rows(tokens: Tensor, blocked: Tensor, token_map: Tensor, pad_compressed: int,
-                     mult: Tensor, primes: Tensor, offsets: Tensor) -> Tensor:
+def engram_hash_rows(
+    tokens: Tensor,
+    blocked: Tensor,
+    token_map: Tensor,
+    pad_compressed: int,
+    mult: Tensor,
+    primes: Tensor,
+    offsets: Tensor,
+) -> Tensor:
     """Table rows of one engram layer: int64 [T, (n-1) * heads], columns in (k, head) order.
 
     tokens int64 [T, n], blocked bool [T, n] (see ngram_windows); token_map int64 [vocab];
@@ -187,20 +204,23 @@ class EngramHasher(nn.Module):
     forward(input_ids [T], positions [T]) -> int64 [T, n_engram_layers, (n-1) * heads].
     """
 
-    def __init__(self, cfg, token_map: Tensor, compressed_vocab: Optional[int] = None):
+    def __init__(self, cfg, token_map: Tensor, compressed_vocab: int | None = None):
         super().__init__()
         vc = int(token_map.max()) + 1 if compressed_vocab is None else compressed_vocab
         if vc != cfg.engram_compressed_vocab_size:
-            raise ValueError(f"engram_compressed_vocab_size: the tokenizer compresses to {vc} "
-                             f"ids, config says {cfg.engram_compressed_vocab_size}")
+            raise ValueError(
+                f"engram_compressed_vocab_size: the tokenizer compresses to {vc} "
+                f"ids, config says {cfg.engram_compressed_vocab_size}"
+            )
         layers, n = list(cfg.engram_layer_ids), cfg.engram_max_ngram_size
         primes = engram_primes(len(layers), n, cfg.engram_n_heads, cfg.engram_vocab_size)
         for j, layer in enumerate(layers):
             need = sum(sum(p) for p in primes[j])
             have = cfg.engram_num_embeddings[j] if j < len(cfg.engram_num_embeddings) else 0
             if have < need:
-                raise ValueError(f"engram_num_embeddings (layer {layer}): {have} rows, the "
-                                 f"hash needs {need}")
+                raise ValueError(
+                    f"engram_num_embeddings (layer {layer}): {have} rows, the hash needs {need}"
+                )
         flat = torch.tensor(primes, dtype=torch.int64)  # [L, n-1, heads]
         offsets = torch.cumsum(flat.flatten(1), 1) - flat.flatten(1)  # [L, (n-1)*heads]
         mult = torch.stack([engram_multipliers(i, n, vc) for i in layers])  # [L, n]
@@ -220,21 +240,32 @@ class EngramHasher(nn.Module):
         """tokens int64 [T, n] (column s = the token s places back), blocked bool [T, n] (before
         the sequence start) -> int64 [T, n_engram_layers, (n-1) * heads]. A serving path builds
         the windows from each request's last n-1 token ids (its per-request history)."""
-        return torch.stack([
-            engram_hash_rows(tokens, blocked, self.token_map, self.pad_compressed, self.mult[j],
-                             self.primes[j], self.offsets[j])
-            for j in range(len(self.layer_ids))], dim=1)
+        return torch.stack(
+            [
+                engram_hash_rows(
+                    tokens,
+                    blocked,
+                    self.token_map,
+                    self.pad_compressed,
+                    self.mult[j],
+                    self.primes[j],
+                    self.offsets[j],
+                )
+                for j in range(len(self.layer_ids))
+            ],
+            dim=1,
+        )
 
 
 def engram_gate(H: Tensor, kv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float) -> Tensor:
     """H [T, S, d]; kv [T, (S+1) d] (S keys, then the value); q_weight, k_weight [S, d].
     Returns fp32 [T, S, d] = H + g * value with the per-stream gate g [T, S]."""
     T, S, d = H.shape
-    key = kv[:, :S * d].float().view(T, S, d)
-    value = kv[:, S * d:].float()  # [T, d]
+    key = kv[:, : S * d].float().view(T, S, d)
+    value = kv[:, S * d :].float()  # [T, d]
     h = H.float()
     rstd = torch.rsqrt(h.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
-    dot = (h * (q_weight.float() * k_weight.float()) * key).sum(-1) * rstd * d ** -0.5  # [T, S]
+    dot = (h * (q_weight.float() * k_weight.float()) * key).sum(-1) * rstd * d**-0.5  # [T, S]
     g = torch.sigmoid(torch.copysign(dot.abs().clamp(min=GATE_CLAMP).sqrt(), dot))
     return h + g.unsqueeze(-1) * value.unsqueeze(1)
 

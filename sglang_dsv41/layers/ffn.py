@@ -6,6 +6,7 @@ softmax / sigmoid / sqrtsoftplus (sqrt(softplus(l))); experts chosen by top-k of
 routed_scaling_factor. Expert: w2(silu(min(w1 x, limit)) * clamp(w3 x, -limit, limit)), no clamp
 when swiglu_limit = 0. Shared experts are added unscaled.
 """
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,8 +44,9 @@ def router_scores(logits: torch.Tensor, func: str) -> torch.Tensor:
 class Gate(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(cfg.n_routed_experts, cfg.hidden_size)
-                                   * cfg.hidden_size ** -0.5)
+        self.weight = nn.Parameter(
+            torch.randn(cfg.n_routed_experts, cfg.hidden_size) * cfg.hidden_size**-0.5
+        )
         self.bias = nn.Parameter(torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
         self.topk, self.func = cfg.num_experts_per_tok, cfg.scoring_func
         self.norm, self.scaling = cfg.norm_topk_prob, cfg.routed_scaling_factor
@@ -65,9 +67,13 @@ class MoE(nn.Module):
         hid, inter = cfg.hidden_size, cfg.moe_intermediate_size
         self.gate = Gate(cfg)
         self.experts = nn.ModuleList(
-            Expert(hid, inter, cfg.swiglu_limit) for _ in range(cfg.n_routed_experts))
-        self.shared_experts = (Expert(hid, inter * cfg.n_shared_experts, cfg.swiglu_limit)
-                               if cfg.n_shared_experts else None)
+            Expert(hid, inter, cfg.swiglu_limit) for _ in range(cfg.n_routed_experts)
+        )
+        self.shared_experts = (
+            Expert(hid, inter * cfg.n_shared_experts, cfg.swiglu_limit)
+            if cfg.n_shared_experts
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""

@@ -8,6 +8,7 @@ and every serving path pick the same set whenever their scores agree. The candid
 decoder's candidate source (DESIGN.md 3.6) max-pools the score row over blocks, forces the block
 holding the newest visible entry, and keeps the top blocks (ties -> lower block id).
 """
+
 import torch
 
 from sglang_dsv41.layers.linear import stable_linear
@@ -55,8 +56,9 @@ def topk_indices(scores: torch.Tensor, allowed: torch.Tensor, topk: int) -> torc
     return out
 
 
-def candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, block: int,
-                     n_blocks: int) -> torch.Tensor:
+def candidate_blocks(
+    scores: torch.Tensor, visible: torch.Tensor, block: int, n_blocks: int
+) -> torch.Tensor:
     """Block ids [T, n_blocks] int64 (-1 padded) of each query's candidate pool.
 
     scores fp32 [T, N] (entries s >= visible[t] are ignored), visible int64 [T] >= 1.
@@ -76,8 +78,11 @@ def candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, block: int,
     bid = torch.arange(nb, device=scores.device)[None, :]
     bscore = torch.where(bid == newest[:, None], torch.full_like(bscore, float("inf")), bscore)
     # Visible blocks whose entries all score -inf still rank above invisible blocks.
-    key = torch.where(bid < n_vis_blocks[:, None], bscore.clamp_min(torch.finfo(torch.float32).min),
-                      torch.full_like(bscore, NEG_INF))
+    key = torch.where(
+        bid < n_vis_blocks[:, None],
+        bscore.clamp_min(torch.finfo(torch.float32).min),
+        torch.full_like(bscore, NEG_INF),
+    )
     k = min(n_blocks, nb)
     idx = _stable_top(key, k)
     keep = torch.arange(k, device=scores.device)[None, :] < n_vis_blocks[:, None]

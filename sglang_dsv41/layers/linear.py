@@ -10,6 +10,7 @@ row is independent of the row count (checked in tests/cpu/test_linear.py). Other
 left alone: their reduction order is the kernel author's business and the tolerances there are
 stated per kernel.
 """
+
 import torch
 import torch.nn.functional as F
 from torch import nn

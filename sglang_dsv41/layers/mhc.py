@@ -24,9 +24,10 @@ Sinkhorn (as the reference kernel): row softmax, + hc_eps, column-normalize; the
 (iters - 1) x (row-normalize, column-normalize); every normalization divides by (sum + hc_eps).
 With hc_mult = 1 none of this is used: the plain pre-norm residual is the dense fallback.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -54,7 +55,13 @@ def sinkhorn(logits: Tensor, iters: int, eps: float) -> Tensor:
 
 
 def hc_mix(
-    H: Tensor, fn: Tensor, base: Tensor, scale: Tensor, *, iters: int, hc_eps: float,
+    H: Tensor,
+    fn: Tensor,
+    base: Tensor,
+    scale: Tensor,
+    *,
+    iters: int,
+    hc_eps: float,
     rms_eps: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Step 1: the (pre, post, C) triplet of one hyper-connection from the streams.
@@ -68,8 +75,8 @@ def hc_mix(
     m = stable_linear(x, fn.float()) * rstd  # [T, (2+S)*S]
     b, s = base.float(), scale.float()
     pre = torch.sigmoid(m[:, :S] * s[0] + b[:S]) + hc_eps
-    post = 2.0 * torch.sigmoid(m[:, S:2 * S] * s[1] + b[S:2 * S])
-    logits = (m[:, 2 * S:] * s[2] + b[2 * S:]).view(T, S, S)  # [T, S, S]
+    post = 2.0 * torch.sigmoid(m[:, S : 2 * S] * s[1] + b[S : 2 * S])
+    logits = (m[:, 2 * S :] * s[2] + b[2 * S :]).view(T, S, S)  # [T, S, S]
     return pre, post, sinkhorn(logits, iters, hc_eps)
 
 
@@ -78,7 +85,7 @@ def hc_expand(h: Tensor, hc_mult: int) -> Tensor:
     return h.unsqueeze(1).expand(-1, hc_mult, -1).contiguous()
 
 
-def hc_collapse(H: Tensor, pre: Optional[Tensor]) -> Tensor:
+def hc_collapse(H: Tensor, pre: Tensor | None) -> Tensor:
     """Step 2 before the norm: sum_j pre[j] H_j. H [T, S, d]; pre fp32 [T, S] or None (= stream
     0 alone, the first sublayer's [1, 0, ..., 0]). Returns fp32 [T, d]."""
     if pre is None:
@@ -105,9 +112,16 @@ def add_hc_params(module: nn.Module, name: str, hc_mult: int, hidden: int) -> No
 
 
 def hc_sublayer(
-    module: nn.Module, name: str, H: Tensor, pre_prev: Optional[Tensor],
-    norm: Callable[[Tensor], Tensor], sublayer: Callable[[Tensor], Tensor], *, iters: int,
-    hc_eps: float, rms_eps: float,
+    module: nn.Module,
+    name: str,
+    H: Tensor,
+    pre_prev: Tensor | None,
+    norm: Callable[[Tensor], Tensor],
+    sublayer: Callable[[Tensor], Tensor],
+    *,
+    iters: int,
+    hc_eps: float,
+    rms_eps: float,
 ) -> tuple[Tensor, Tensor]:
     """One hyper-connection around `sublayer` (steps 1-4).
 
@@ -117,8 +131,9 @@ def hc_sublayer(
     sublayer's collapse uses (the delayed pre).
     """
     fn, base = getattr(module, f"{name}_fn"), getattr(module, f"{name}_base")
-    pre, post, comb = hc_mix(H, fn, base, getattr(module, f"{name}_scale"), iters=iters,
-                             hc_eps=hc_eps, rms_eps=rms_eps)
+    pre, post, comb = hc_mix(
+        H, fn, base, getattr(module, f"{name}_scale"), iters=iters, hc_eps=hc_eps, rms_eps=rms_eps
+    )
     y = sublayer(norm(hc_collapse(H, pre_prev)))  # [T, d]
     return hc_post(y, H, post, comb), pre
 
@@ -155,8 +170,13 @@ class MhcResidual:
 
     def _done(self, state, block, name: str, y: Tensor):
         H, _ = state
-        pre, post, comb = hc_mix(H, getattr(block, f"{name}_fn"), getattr(block, f"{name}_base"),
-                                 getattr(block, f"{name}_scale"), **self.kw)
+        pre, post, comb = hc_mix(
+            H,
+            getattr(block, f"{name}_fn"),
+            getattr(block, f"{name}_base"),
+            getattr(block, f"{name}_scale"),
+            **self.kw,
+        )
         return hc_post(y, H, post, comb).to(H.dtype), pre
 
     def attn_input(self, state, block) -> Tensor:

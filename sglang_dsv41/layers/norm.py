@@ -1,4 +1,5 @@
 """RMSNorm with fp32 statistics."""
+
 import torch
 from torch import nn
 

@@ -6,6 +6,7 @@ real records reads back exactly these values.
     main_kv     -> V41_FP4 (e2m1, e4m3 per 16), or V41 when kv_cache_dtype_main == "fp8"
     index_k / indexer query -> index-K encoding (e2m1, UE8M0 per 32)
 """
+
 import torch
 
 from sglang_dsv41.kv.records import Layout, fake_quant

@@ -7,6 +7,7 @@ The state is a tensor whose first dim is tokens, so callers may keep a subset of
 (hc_mult > 1, `layers.mhc.MhcResidual`) provide the same interface. `inject` lets an Engram
 layer rewrite the streams before the layer's attention mixing ([T, S, d] with S = 1 here).
 """
+
 import torch
 
 

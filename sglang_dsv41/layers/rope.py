@@ -5,6 +5,7 @@ original_max_position_embeddings, beta_fast, beta_slow) whenever max_position_em
 the original length; ratio-0 layers use `rope_theta` without YaRN. Pair i of the rotated span is
 (x[2i], x[2i+1]), rotated by angle pos * inv_freq[i].
 """
+
 import math
 
 import torch
@@ -14,8 +15,9 @@ def _correction_dim(n_rot: float, dim: int, base: float, max_pos: int) -> float:
     return dim * math.log(max_pos / (n_rot * 2 * math.pi)) / (2 * math.log(base))
 
 
-def yarn_inv_freq(dim: int, base: float, factor: float, original: int, beta_fast: float,
-                  beta_slow: float) -> torch.Tensor:
+def yarn_inv_freq(
+    dim: int, base: float, factor: float, original: int, beta_fast: float, beta_slow: float
+) -> torch.Tensor:
     """fp32 [dim/2]: base frequencies blended with frequencies / factor over YaRN's ramp."""
     freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     low = max(math.floor(_correction_dim(beta_fast, dim, base, original)), 0)
@@ -35,14 +37,22 @@ def rope_inv_freq(cfg, ratio: int) -> torch.Tensor:
     rs = cfg.rope_scaling or {}
     original = int(rs.get("original_max_position_embeddings", cfg.max_position_embeddings))
     if rs and cfg.max_position_embeddings > original:
-        return yarn_inv_freq(R, cfg.compress_rope_theta, float(rs.get("factor", 1.0)), original,
-                             float(rs.get("beta_fast", 32)), float(rs.get("beta_slow", 1)))
-    return (1.0 / (cfg.compress_rope_theta ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
-            ).float()
+        return yarn_inv_freq(
+            R,
+            cfg.compress_rope_theta,
+            float(rs.get("factor", 1.0)),
+            original,
+            float(rs.get("beta_fast", 32)),
+            float(rs.get("beta_slow", 1)),
+        )
+    return (
+        1.0 / (cfg.compress_rope_theta ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
+    ).float()
 
 
-def apply_rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor,
-               inverse: bool = False) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
     """Rotate the last 2*len(inv_freq) dims of x.
 
     x [T, ..., C] float, pos [T] int64, inv_freq fp32 [R/2] -> same shape and dtype as x.

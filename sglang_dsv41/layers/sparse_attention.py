@@ -5,12 +5,19 @@
 MQA with K = V: one shared 512-d key/value per entry. The sink logit is unscaled and has a zero
 value. Masked slots contribute nothing; a row with no valid slot attends to the sink only (o = 0).
 """
+
 import torch
 
 
-def sparse_attention(q: torch.Tensor, k_swa: torch.Tensor, swa_ok: torch.Tensor,
-                     k_top: torch.Tensor, top_ok: torch.Tensor, sink: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def sparse_attention(
+    q: torch.Tensor,
+    k_swa: torch.Tensor,
+    swa_ok: torch.Tensor,
+    k_top: torch.Tensor,
+    top_ok: torch.Tensor,
+    sink: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """q [T, H, D], k_swa [T, W, D], swa_ok bool [T, W], k_top [T, TOPK, D], top_ok bool
     [T, TOPK], sink fp32 [H] -> o fp32 [T, H, D]."""
     kv = torch.cat((k_swa, k_top), dim=1).float()  # [T, W + TOPK, D]

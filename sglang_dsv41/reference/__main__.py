@@ -4,6 +4,7 @@
 Greedy generation by full recomputation with the oracle; prints one JSON object with
 `output_ids` and `text`.
 """
+
 import argparse
 import json
 import sys
@@ -13,19 +14,29 @@ import torch
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sglang_dsv41.reference", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m sglang_dsv41.reference",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--model", required=True, help="checkpoint directory")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--input-ids", help="comma-separated token ids")
     src.add_argument("--prompt", help="text, tokenized with the checkpoint's tokenizer")
     ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--no-replay", action="store_true",
-                    help="full forward instead of decoder SWA bounded replay")
+    ap.add_argument(
+        "--no-replay",
+        action="store_true",
+        help="full forward instead of decoder SWA bounded replay",
+    )
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch intra-op threads (default: 1 for models narrower than 1024, "
-                         "where more threads only add contention; else torch's default)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: 1 for models narrower than 1024, "
+        "where more threads only add contention; else torch's default)",
+    )
     args = ap.parse_args(argv)
 
     from sglang_dsv41.reference import load_reference

@@ -4,23 +4,29 @@
 SharedAttentionRuntime): per kv source its main KV and index K, per index source its top-k, and
 the candidate pool of the candidate source.
 """
+
 from dataclasses import dataclass, field
 
 import torch
 
 from sglang_dsv41.config import FULL
-from sglang_dsv41.layers.index_math import (candidate_blocks, index_scores, pool_mask,
-                                            topk_indices, visible_mask)
+from sglang_dsv41.layers.index_math import (
+    candidate_blocks,
+    index_scores,
+    pool_mask,
+    topk_indices,
+    visible_mask,
+)
 from sglang_dsv41.layers.quant import quant_main_kv, quant_swa_kv
 from sglang_dsv41.layers.sparse_attention import sparse_attention
 
 
 @dataclass
 class SharedState:
-    main_kv: dict = field(default_factory=dict)   # kv source -> fp32 [n, D] record values
-    index_k: dict = field(default_factory=dict)   # kv source -> fp32 [n, DI] record values
-    topk: dict = field(default_factory=dict)      # index source -> int64 [T, TOPK], -1 padded
-    pool: dict = field(default_factory=dict)      # "mask" -> bool [T, n] for the decoder rows
+    main_kv: dict = field(default_factory=dict)  # kv source -> fp32 [n, D] record values
+    index_k: dict = field(default_factory=dict)  # kv source -> fp32 [n, DI] record values
+    topk: dict = field(default_factory=dict)  # index source -> int64 [T, TOPK], -1 padded
+    pool: dict = field(default_factory=dict)  # "mask" -> bool [T, n] for the decoder rows
 
 
 def swa_slots(pos: torch.Tensor, window: int, floor: int):
@@ -46,8 +52,9 @@ def compress_full_layer(attn, x_all: torch.Tensor, state: SharedState) -> None:
     state.index_k[attn.layer_id] = attn.indexer.keys(latent, entry_pos, attn.inv_freq)
 
 
-def select_topk(attn, x: torch.Tensor, q_lora: torch.Tensor, pos: torch.Tensor,
-                state: SharedState) -> torch.Tensor:
+def select_topk(
+    attn, x: torch.Tensor, q_lora: torch.Tensor, pos: torch.Tensor, state: SharedState
+) -> torch.Tensor:
     """Run this layer's indexer (Full / Reindex) -> top-k int64 [T, TOPK], -1 padded."""
     cfg, i = attn.cfg, attn.layer_id
     k = state.index_k[cfg.source_layer_of(i)]
@@ -59,14 +66,16 @@ def select_topk(attn, x: torch.Tensor, q_lora: torch.Tensor, pos: torch.Tensor,
         allowed = allowed & state.pool["mask"]
     if i == cfg.candidate_source_layer_id:
         visible = (pos + 1) // attn.ratio
-        blocks = candidate_blocks(scores, visible, cfg.candidate_block_size,
-                                  cfg.candidate_topk_blocks)
+        blocks = candidate_blocks(
+            scores, visible, cfg.candidate_block_size, cfg.candidate_topk_blocks
+        )
         state.pool["mask"] = pool_mask(blocks, n, cfg.candidate_block_size)
     return topk_indices(scores, allowed, cfg.index_topk)
 
 
-def attention_layer(attn, x: torch.Tensor, pos: torch.Tensor, swa_floor: int,
-                    state: SharedState, x_all=None) -> torch.Tensor:
+def attention_layer(
+    attn, x: torch.Tensor, pos: torch.Tensor, swa_floor: int, state: SharedState, x_all=None
+) -> torch.Tensor:
     """One attention sublayer over consecutive rows.
 
     x [T, hidden] attention input of the rows at positions pos [T] (consecutive);
@@ -91,7 +100,10 @@ def attention_layer(attn, x: torch.Tensor, pos: torch.Tensor, swa_floor: int,
         topk = state.topk[cfg.index_source_of(attn.layer_id)]  # [T, TOPK]
         main = state.main_kv[cfg.source_layer_of(attn.layer_id)]
         top_ok = topk >= 0
-        k_top = main[topk.clamp_min(0)] if main.shape[0] else kv.new_zeros(T, topk.shape[1],
-                                                                           cfg.head_dim)
+        k_top = (
+            main[topk.clamp_min(0)]
+            if main.shape[0]
+            else kv.new_zeros(T, topk.shape[1], cfg.head_dim)
+        )
     o = sparse_attention(q, k_swa, swa_ok, k_top, top_ok, attn.attn_sink, attn.scale)
     return attn.output(o, pos)

@@ -1,5 +1,6 @@
 """Strict checkpoint loading for the dense format: every expected tensor present, nothing extra,
 shapes equal; errors name the tensor."""
+
 import glob
 import os
 
@@ -29,11 +30,15 @@ def load_state(path: str, expected: dict, dtype) -> dict:
     missing = sorted(set(expected) - set(got))
     unexpected = sorted(set(got) - set(expected))
     if missing:
-        raise CheckpointError(f"{path}: missing tensors: {missing[:8]}"
-                              + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""))
+        raise CheckpointError(
+            f"{path}: missing tensors: {missing[:8]}"
+            + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
+        )
     if unexpected:
-        raise CheckpointError(f"{path}: unexpected tensors: {unexpected[:8]}"
-                              + (f" (+{len(unexpected) - 8} more)" if len(unexpected) > 8 else ""))
+        raise CheckpointError(
+            f"{path}: unexpected tensors: {unexpected[:8]}"
+            + (f" (+{len(unexpected) - 8} more)" if len(unexpected) > 8 else "")
+        )
     out = {}
     for name, ref in expected.items():
         t = got[name]

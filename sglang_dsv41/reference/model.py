@@ -12,6 +12,7 @@ hash rows from `engram_hasher` (built from the checkpoint's tokenizer.json by fr
 the identity token map otherwise). from_pretrained reads the dense format or, when config.json
 declares the released quantization, the released FP8/FP4 format (dequantized on CPU).
 """
+
 from __future__ import annotations
 
 import os
@@ -45,11 +46,10 @@ class ReferenceModel(nn.Module):
             self._late_decoder_full = None
 
     @classmethod
-    def from_pretrained(cls, path: str, dtype=torch.float32) -> "ReferenceModel":
+    def from_pretrained(cls, path: str, dtype=torch.float32) -> ReferenceModel:
         """Load `config.json` + `*.safetensors` from a checkpoint directory, strictly."""
-        from sglang_dsv41.reference.loading import load_state
-
         from sglang_dsv41.layers.engram import build_engram_hasher
+        from sglang_dsv41.reference.loading import load_state
         from sglang_dsv41.weights.checkpoint import is_release_format, load_release_state
 
         cfg = DeepseekV41Config.from_hf(path)
@@ -63,12 +63,14 @@ class ReferenceModel(nn.Module):
         model.engram_hasher = build_engram_hasher(cfg, path)
         for block in model.layers:  # non-persistent rope tables are rebuilt off the meta device
             from sglang_dsv41.layers.rope import rope_inv_freq
+
             block.attn.inv_freq = rope_inv_freq(cfg, block.attn.ratio)
         return model.eval()
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, replay_floor: int = 0,
-                capture: dict | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, replay_floor: int = 0, capture: dict | None = None
+    ) -> torch.Tensor:
         """input_ids int64 [L] -> logits fp32 [L, vocab] (rows < replay_floor are NaN).
 
         capture: if a dict, receives layer index -> (positions [T], residual state after it).
@@ -76,8 +78,10 @@ class ReferenceModel(nn.Module):
         cfg, L = self.cfg, input_ids.shape[0]
         F = int(replay_floor)
         if F and self._late_decoder_full is not None:
-            raise ValueError(f"bounded replay needs the decoder's kv source at layer "
-                             f"{cfg.decoder_start}; layer {self._late_decoder_full} is also Full")
+            raise ValueError(
+                f"bounded replay needs the decoder's kv source at layer "
+                f"{cfg.decoder_start}; layer {self._late_decoder_full} is also Full"
+            )
         pos_all = torch.arange(L)
         state = self.residual.init(self.embed(input_ids))
         hash_rows = self._engram_rows(input_ids, pos_all)  # [L, n_engram_layers, cols] or None
@@ -95,8 +99,9 @@ class ReferenceModel(nn.Module):
             x = self.residual.attn_input(state, block)
             y = attention_layer(block.attn, x, pos, floor, shared, x_all=x_all)
             state = self.residual.attn_done(state, block, y)
-            state = self.residual.ffn_done(state, block, block.ffn(self.residual.ffn_input(state,
-                                                                                         block)))
+            state = self.residual.ffn_done(
+                state, block, block.ffn(self.residual.ffn_input(state, block))
+            )
             if capture is not None:
                 capture[i] = (pos, state)
         h = self.norm(self.residual.final(state))
@@ -120,8 +125,7 @@ class ReferenceModel(nn.Module):
         return max(0, prompt_len - self.cfg.sliding_window) if replay else 0
 
     @torch.no_grad()
-    def generate(self, prompt_ids, max_new_tokens: int, replay: bool = True,
-                 stop_ids=()) -> list:
+    def generate(self, prompt_ids, max_new_tokens: int, replay: bool = True, stop_ids=()) -> list:
         """Greedy continuation by full recomputation. The replay floor is fixed at prefill
         (max(0, len(prompt) - window)), as serving replays once and then decodes."""
         ids = [int(t) for t in prompt_ids]

@@ -22,6 +22,7 @@ select_topk within one forward):
 The indexer's Triton path needs DI % 128 == 0, HI >= 16 (a power of two) and candidate blocks
 of 8; other geometries (the tiny / small presets) run its torch reference on the device.
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,17 +61,33 @@ def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor)
     dev = kv.device
     rp = ctx.req_pool.to(dev)[rows.req]  # [T]
     if pool.swa[i] is not None:
-        store_records(kv, pool.swa[i], ctx.out_loc.to(dev)[rows.ids], Layout.V41, norm_weight=w,
-                      eps=attn.kv_norm.eps, pos=rows.pos, inv_freq=attn.inv_freq)
+        store_records(
+            kv,
+            pool.swa[i],
+            ctx.out_loc.to(dev)[rows.ids],
+            Layout.V41,
+            norm_weight=w,
+            eps=attn.kv_norm.eps,
+            pos=rows.pos,
+            inv_freq=attn.inv_freq,
+        )
         return pool.swa[i], swa_window_slots(ctx.req_to_token.to(dev), rp, rows.pos, W, floor)
     ring = pool.ring[i]  # [R, W, B]
     Bn, B = ctx.req_pool.shape[0], ring.shape[-1]
     T = rows.n
     scratch = torch.empty(Bn * W + T, B, dtype=torch.uint8, device=dev)
     scratch[: Bn * W] = ring[ctx.req_pool.to(dev)].view(Bn * W, B)
-    new = scratch[Bn * W:]
-    store_records(kv, new, torch.arange(T, device=dev), Layout.V41, norm_weight=w,
-                  eps=attn.kv_norm.eps, pos=rows.pos, inv_freq=attn.inv_freq)
+    new = scratch[Bn * W :]
+    store_records(
+        kv,
+        new,
+        torch.arange(T, device=dev),
+        Layout.V41,
+        norm_weight=w,
+        eps=attn.kv_norm.eps,
+        pos=rows.pos,
+        inv_freq=attn.inv_freq,
+    )
     # first / last row of each row's request, without host syncs: rows are grouped by request
     t = torch.arange(T, device=dev)
     start = torch.ones(T, dtype=torch.bool, device=dev)
@@ -78,14 +95,16 @@ def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor)
     first = torch.cummax(torch.where(start, t, torch.zeros_like(t)), 0).values  # [T]
     end = torch.ones(T, dtype=torch.bool, device=dev)
     end[:-1] = start[1:]
-    last = torch.flip(torch.cummin(torch.flip(torch.where(end, t, torch.full_like(t, T)), [0]),
-                                   0).values, [0])  # [T]
+    last = torch.flip(
+        torch.cummin(torch.flip(torch.where(end, t, torch.full_like(t, T)), [0]), 0).values, [0]
+    )  # [T]
     kpos = rows.pos[:, None] - W + 1 + torch.arange(W, device=dev)[None, :]  # [T, W]
     ok = kpos >= torch.clamp(floor, min=0)[:, None]
     p0 = rows.pos[first]
     in_fwd = kpos >= p0[:, None]
-    slots = torch.where(in_fwd, Bn * W + first[:, None] + kpos - p0[:, None],
-                        rows.req[:, None] * W + kpos % W)
+    slots = torch.where(
+        in_fwd, Bn * W + first[:, None] + kpos - p0[:, None], rows.req[:, None] * W + kpos % W
+    )
     slots = torch.where(ok, slots, torch.full_like(slots, -1)).to(torch.int32)
     keep = rows.pos > rows.pos[last] - W  # the request's last W rows of this forward
     ring[rp[keep], rows.pos[keep] % W] = new[keep]
@@ -131,16 +150,22 @@ def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
     latent = attn.compressor.pool(cg, zg)  # [m, D]
     entry_pos = rows.pos[t] // r * r
     dst = pool.entry_rows(i, ctx.req_to_token.to(dev)[rp[t], entry_pos].long())
-    store_latent(latent.float(), entry_pos, pool.main[i], dst, layout=main_layout(attn.cfg),
-                 inv_freq=attn.inv_freq)
+    store_latent(
+        latent.float(),
+        entry_pos,
+        pool.main[i],
+        dst,
+        layout=main_layout(attn.cfg),
+        inv_freq=attn.inv_freq,
+    )
     ix = attn.indexer
     k, w = _normed_input(ix.wk, ix.k_norm, latent.to(ix.wk.weight.dtype))
     if w is not None:
-        store_index_k(k, w, ix.k_norm.eps, entry_pos, pool.index_k[i], dst,
-                      inv_freq=attn.inv_freq)
+        store_index_k(k, w, ix.k_norm.eps, entry_pos, pool.index_k[i], dst, inv_freq=attn.inv_freq)
     else:
-        store_records(k, pool.index_k[i], dst, Layout.INDEX_K, pos=entry_pos,
-                      inv_freq=attn.inv_freq)
+        store_records(
+            k, pool.index_k[i], dst, Layout.INDEX_K, pos=entry_pos, inv_freq=attn.inv_freq
+        )
 
 
 def entry_table(cfg, src: int, ctx: BatchContext, device) -> torch.Tensor:
@@ -169,17 +194,26 @@ def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.T
     qI, w = attn.indexer.queries(q_lora, x, rows.pos, attn.inv_freq)
     dev = qI.device
     table = entry_table(cfg, src, ctx, dev)
-    args = (qI, w, pool.index_k[src], table, rows.req.to(torch.int32),
-            ((rows.pos + 1) // attn.ratio).to(torch.int32), 1)
+    args = (
+        qI,
+        w,
+        pool.index_k[src],
+        table,
+        rows.req.to(torch.int32),
+        ((rows.pos + 1) // attn.ratio).to(torch.int32),
+        1,
+    )
     K, NB, blk = cfg.index_topk, cfg.candidate_topk_blocks, cfg.candidate_block_size
     fast = _indexer_fast(cfg)
     if cfg.uses_candidates(i):
         cand = ctx.shared[("kp_pool", cfg.candidate_source_layer_id)][rows.ids]
-        out = (kidx.reindex(*args, cand, K) if fast
-               else kidx_ref.reindex_ref(*args, cand, K, blk))
+        out = kidx.reindex(*args, cand, K) if fast else kidx_ref.reindex_ref(*args, cand, K, blk)
     elif i == cfg.candidate_source_layer_id:
-        out, cand = (kidx.candidate_source(*args, K, NB) if fast
-                     else kidx_ref.candidate_source_ref(*args, K, NB, blk))
+        out, cand = (
+            kidx.candidate_source(*args, K, NB)
+            if fast
+            else kidx_ref.candidate_source_ref(*args, K, NB, blk)
+        )
         full = torch.full((ctx.rows.n, NB), -1, dtype=torch.int32, device=dev)
         full[rows.ids] = cand.to(torch.int32)
         ctx.shared[("kp_pool", i)] = full
@@ -199,17 +233,35 @@ def attend(attn, q, topk, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Ten
         src = cfg.source_layer_of(attn.layer_id)
         kv = pool.main[src]
         topk_slots = entry_slots(entry_table(cfg, src, ctx, q.device), rows.req, topk)
-    return sparse_attention(q, swa[0], swa[1], kv, topk_slots, layout, attn.attn_sink,
-                            attn.scale, out_dtype=torch.float32)
+    return sparse_attention(
+        q,
+        swa[0],
+        swa[1],
+        kv,
+        topk_slots,
+        layout,
+        attn.attn_sink,
+        attn.scale,
+        out_dtype=torch.float32,
+    )
 
 
-def attention_layer(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor,
-                    x_all=None, rows_all: Rows | None = None) -> torch.Tensor:
+def attention_layer(
+    attn,
+    x,
+    rows: Rows,
+    ctx: BatchContext,
+    pool,
+    floor: torch.Tensor,
+    x_all=None,
+    rows_all: Rows | None = None,
+) -> torch.Tensor:
     """serving_attention.attention_layer on this path: x [T, hidden] -> [T, hidden]."""
     cfg, i = attn.cfg, attn.layer_id
     if attn.role == FULL:
-        compress(attn, x if x_all is None else x_all, rows if rows_all is None else rows_all,
-                 ctx, pool)
+        compress(
+            attn, x if x_all is None else x_all, rows if rows_all is None else rows_all, ctx, pool
+        )
     if rows.n == 0:
         return x.new_zeros(0, cfg.hidden_size)
     q, q_lora = attn.query(x, rows.pos)  # [T, H, D]
@@ -217,8 +269,7 @@ def attention_layer(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.T
     topk = None
     if attn.ratio != 0:
         if attn.indexer is not None:
-            full = torch.full((ctx.rows.n, cfg.index_topk), -1, dtype=torch.int64,
-                              device=x.device)
+            full = torch.full((ctx.rows.n, cfg.index_topk), -1, dtype=torch.int64, device=x.device)
             full[rows.ids] = select_topk(attn, x, q_lora, rows, ctx, pool)
             ctx.shared[("topk", i)] = full
         topk = ctx.shared[("topk", cfg.index_source_of(i))][rows.ids]

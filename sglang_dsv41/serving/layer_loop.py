@@ -1,5 +1,6 @@
 """The served layer loop on the kernel path whatever the device (tests force it on CPU, where the
 kernel dispatchers run their torch references)."""
+
 import functools
 
 from sglang_dsv41.serving.kernel_path import attention_layer

@@ -6,6 +6,7 @@
 tokens for a batch with chunked prefill, optional decoder replay floors. Every BatchContext tensor
 lives on `device`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,13 +21,15 @@ PAGE = 2
 class ToyEngine:
     """Slot table + shuffled page allocator + one forward per `step` (SGLang's part)."""
 
-    def __init__(self, model, run=None, max_len=512, n_pages=2048, seed=0, decoder_ring=False,
-                 device="cpu"):
+    def __init__(
+        self, model, run=None, max_len=512, n_pages=2048, seed=0, decoder_ring=False, device="cpu"
+    ):
         if run is None:
             from sglang_dsv41.sglang.layer_loop import run_layers as run
         self.model, self.cfg, self.run, self.dev = model, model.cfg, run, device
-        self.pool = RecordBuffers(self.cfg, n_pages * PAGE, PAGE, max_requests=8,
-                                  device=device, decoder_ring=decoder_ring)
+        self.pool = RecordBuffers(
+            self.cfg, n_pages * PAGE, PAGE, max_requests=8, device=device, decoder_ring=decoder_ring
+        )
         g = torch.Generator().manual_seed(seed)
         self.free = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()  # page 0 = padding
         self.req_to_token = torch.zeros(9, max_len, dtype=torch.int32)
@@ -52,22 +55,29 @@ class ToyEngine:
         """work: list of (request slot r, new token ids) -> next-token logits fp32 [B, V]."""
         prefix = [self.lens.get(r, 0) for r, _ in work]
         extend = [len(t) for _, t in work]
-        out_loc = [self._slot(r, p + k) for (r, _), p, n in zip(work, prefix, extend)
-                   for k in range(n)]
-        seq = [p + n for p, n in zip(prefix, extend)]
+        out_loc = [
+            self._slot(r, p + k)
+            for (r, _), p, n in zip(work, prefix, extend, strict=False)
+            for k in range(n)
+        ]
+        seq = [p + n for p, n in zip(prefix, extend, strict=False)]
         rows = build_rows(prefix, extend)
         d = self.dev
         rows.ids, rows.pos, rows.req = rows.ids.to(d), rows.pos.to(d), rows.req.to(d)
-        ctx = BatchContext(rows=rows, req_pool=torch.tensor([r for r, _ in work], device=d),
-                           req_to_token=self.req_to_token.to(d), seq_lens=seq,
-                           floors=floors or [0] * len(work),
-                           out_loc=torch.tensor(out_loc, device=d))
+        ctx = BatchContext(
+            rows=rows,
+            req_pool=torch.tensor([r for r, _ in work], device=d),
+            req_to_token=self.req_to_token.to(d),
+            seq_lens=seq,
+            floors=floors or [0] * len(work),
+            out_loc=torch.tensor(out_loc, device=d),
+        )
         ids = torch.tensor([t for _, toks in work for t in toks], dtype=torch.int64, device=d)
         if self.history is not None:  # requests here never start after a radix hit: no lookup
             slots = [r for r, _ in work]
             ctx.engram = self.history.windows(ctx.rows, ids.cpu(), slots, slots, None)
         h = self.run(self.model, ids, ctx, self.pool)
-        for (r, _), s in zip(work, seq):
+        for (r, _), s in zip(work, seq, strict=False):
             self.lens[r] = s
         last = torch.tensor([st + n - 1 for st, n in ctx.rows.spans], device=d)
         return self.model.head(h[last]).float()
@@ -82,11 +92,11 @@ def serve(engine, prompts, new, chunk=None, floors=None):
         work = []
         for r in list(todo):
             take = todo[r][: chunk or len(todo[r])]
-            todo[r] = todo[r][len(take):]
+            todo[r] = todo[r][len(take) :]
             work.append((r, take))
         fl = [floors[r - 1] for r, _ in work] if floors else None
         logits = engine.step(work, fl)
-        for (r, _), row in zip(work, logits):
+        for (r, _), row in zip(work, logits, strict=False):
             if not todo[r]:
                 first[r] = int(row.argmax())
                 del todo[r]

@@ -18,6 +18,7 @@ capped at the floor, a request computes every decoder row it reads; keeping thos
 own ring makes that independent of slot sharing. Buffers are zero-filled, so a masked-out read
 never meets NaN.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,27 +28,40 @@ from sglang_dsv41.sglang.geometry import PoolGeometry
 
 
 class RecordBuffers:
-    def __init__(self, cfg: DeepseekV41Config, slots: int, page_size: int, max_requests: int,
-                 device="cpu", decoder_ring: bool = False):
+    def __init__(
+        self,
+        cfg: DeepseekV41Config,
+        slots: int,
+        page_size: int,
+        max_requests: int,
+        device="cpu",
+        decoder_ring: bool = False,
+    ):
         g = PoolGeometry(cfg, decoder_ring)
         if page_size % 2 and any(cfg.ratio(s) == 2 for s in g.kv_sources):
-            raise ValueError(f"dsv41 pool: page_size {page_size} must be even (ratio-2 entries "
-                             "pair the two tokens of one page)")
+            raise ValueError(
+                f"dsv41 pool: page_size {page_size} must be even (ratio-2 entries "
+                "pair the two tokens of one page)"
+            )
         self.cfg, self.geometry = cfg, g
         z = dict(dtype=torch.uint8, device=device)
         ring = set(g.ring_layers)
-        self.swa = [None if i in ring else torch.zeros(slots, g.swa_record, **z)
-                    for i in range(cfg.num_hidden_layers)]
-        self.ring = {i: torch.zeros(max_requests + 1, cfg.sliding_window, g.swa_record, **z)
-                     for i in ring}
+        self.swa = [
+            None if i in ring else torch.zeros(slots, g.swa_record, **z)
+            for i in range(cfg.num_hidden_layers)
+        ]
+        self.ring = {
+            i: torch.zeros(max_requests + 1, cfg.sliding_window, g.swa_record, **z) for i in ring
+        }
         self.main, self.index_k, self.pending = {}, {}, {}
         for s in g.kv_sources:
             n = g.entries(slots, s)
             self.main[s] = torch.zeros(n, g.main_record, **z)
             self.index_k[s] = torch.zeros(n, g.index_record, **z)
             if cfg.ratio(s) == 2:
-                self.pending[s] = torch.zeros(max_requests + 1, 2, cfg.head_dim,
-                                              dtype=torch.float32, device=device)
+                self.pending[s] = torch.zeros(
+                    max_requests + 1, 2, cfg.head_dim, dtype=torch.float32, device=device
+                )
 
     def source_layer_of(self, layer: int) -> int:
         """The kv source whose main KV / index K `layer` reads (itself for Full, -1 for SWA)."""

@@ -5,6 +5,7 @@ at consecutive positions [prefix_b, seq_b). `Rows` is a subset of the batch's ro
 replay drops decoder rows below a request's floor); `ids` points back at the batch rows so state
 shared between layers (top-k, candidate pools) can be looked up from any subset.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ class Rows:
     def n(self) -> int:
         return int(self.ids.numel())
 
-    def select(self, keep: torch.Tensor) -> "Rows":
+    def select(self, keep: torch.Tensor) -> Rows:
         """keep bool [T] (per request a suffix of its rows) -> the kept rows."""
         idx = keep.nonzero().flatten()
         req = self.req[idx]
@@ -72,7 +73,7 @@ class BatchContext:
 def build_rows(prefix_lens: list, extend_lens: list) -> Rows:
     """Rows of a batch whose request b covers positions [prefix_b, prefix_b + extend_b)."""
     pos, req, spans, start = [], [], [], 0
-    for b, (p, n) in enumerate(zip(prefix_lens, extend_lens)):
+    for b, (p, n) in enumerate(zip(prefix_lens, extend_lens, strict=False)):
         pos.append(torch.arange(p, p + n, dtype=torch.int64))
         req.append(torch.full((n,), b, dtype=torch.int64))
         spans.append((start, n))

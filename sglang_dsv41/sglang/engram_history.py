@@ -5,6 +5,7 @@ input ids; earlier ones from a per-request history of the last n-1 ids this requ
 (kept by request slot, valid while the same request continues at the next position), or, after
 a radix hit or a retraction, from the request's own prompt / output token lists.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,7 +33,7 @@ class EngramHistory:
             else:
                 want = list(range(max(0, p0 - k), p0))
                 prev = lookup(rid, want) if want else []
-            seq = prev + ids[st:st + cnt]
+            seq = prev + ids[st : st + cnt]
             for t in range(cnt):
                 p = p0 + t
                 for s in range(n):

@@ -11,6 +11,7 @@ What one token and one request cost in the pool the `dsv41` backend allocates:
 A ratio-r source stores 1/r record per token: a ratio-2 entry lives at row slot // 2, which is
 the page of its two tokens when the page size is even.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,8 +57,9 @@ class PoolGeometry:
 
     def global_bytes_per_token(self) -> float:
         """Main KV + index K bytes per token over all kv sources (890 on V4.1-Flash)."""
-        return sum((self.main_record + self.index_record) / self.cfg.ratio(s)
-                   for s in self.kv_sources)
+        return sum(
+            (self.main_record + self.index_record) / self.cfg.ratio(s) for s in self.kv_sources
+        )
 
     def swa_bytes_per_token(self) -> int:
         """SWA records per token slot (layers whose SWA lives in token slots)."""

@@ -6,6 +6,7 @@ the top level (as released checkpoints nest it), validates through `DeepseekV41C
 the few attributes SGLang reads off any config of this model type.
 Module-level so it pickles into SGLang's subprocesses.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,7 +70,13 @@ class DeepseekV41HFConfig(PretrainedConfig):
         return DeepseekV41Config.from_dict(values)
 
 
-_CORE_FIELDS = tuple(f.name for f in dataclasses.fields(DeepseekV41Config)
-                     if f.name not in ("extra", "torch_dtype"))
-_WITHHELD = ("rope_scaling", "rope_parameters", "rope_theta", "compress_rope_theta",
-             "quantization_config")
+_CORE_FIELDS = tuple(
+    f.name for f in dataclasses.fields(DeepseekV41Config) if f.name not in ("extra", "torch_dtype")
+)
+_WITHHELD = (
+    "rope_scaling",
+    "rope_parameters",
+    "rope_theta",
+    "compress_rope_theta",
+    "quantization_config",
+)

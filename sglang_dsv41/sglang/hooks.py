@@ -11,6 +11,7 @@
                                       absent below the floor) is never reused
 Every hook passes through untouched unless this package's architecture is being served.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,9 @@ from sglang_dsv41.sglang.hf_config import ARCH
 logger = logging.getLogger(__name__)
 
 _CONFIGURATOR = "sglang.srt.model_executor.pool_configurator.create_memory_pool_configurator"
-_BUILD_POOL = ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator."
-               "_build_token_to_kv_pool")
+_BUILD_POOL = (
+    "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool"
+)
 _INIT_NEW = "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"
 _MAX_PREFIX = "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len"
 
@@ -47,15 +49,21 @@ def _build_pool(original, self, *, sizes, req_to_token_pool, **kwargs):
         return original(self, sizes=sizes, req_to_token_pool=req_to_token_pool, **kwargs)
     from sglang_dsv41.sglang.pool import DSV41KVPool
 
-    return DSV41KVPool(self.model_config.hf_config.dsv41(), size=sizes.max_total_num_tokens,
-                       page_size=self.pool_page_size, max_requests=req_to_token_pool.size,
-                       device=self.device, decoder_ring=runtime.STATE.replay)
+    return DSV41KVPool(
+        self.model_config.hf_config.dsv41(),
+        size=sizes.max_total_num_tokens,
+        page_size=self.pool_page_size,
+        max_requests=req_to_token_pool.size,
+        device=self.device,
+        decoder_ring=runtime.STATE.replay,
+    )
 
 
 def request_floor(req) -> int:
     """Decoder replay floor of a scheduler Req (see runtime.replay_floor)."""
-    wants = bool(getattr(req, "return_logprob", False)) and getattr(req, "logprob_start_len",
-                                                                   -1) >= 0
+    wants = (
+        bool(getattr(req, "return_logprob", False)) and getattr(req, "logprob_start_len", -1) >= 0
+    )
     return runtime.replay_floor(len(req.origin_input_ids), wants)
 
 

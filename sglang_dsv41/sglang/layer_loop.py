@@ -2,21 +2,24 @@
 
 The reference's loop (reference/model.py) with cached attention that reads and writes the pool
 through the batch context: `serving_attention` (torch) on CPU, `serving.kernel_path` (the Triton
-kernels on SM90+, their torch references elsewhere) when the batch lives on a CUDA device. Bounded replay (DESIGN.md 5): at the first decoder
+kernels on SM90+, their torch references elsewhere) when the batch lives on a CUDA device. Bounded
+replay (DESIGN.md 5): at the first decoder
 layer, rows of a request below its floor are dropped after the decoder's Full layer has taken
 its attention input over every row (its compressor runs over all tokens); dropped rows come out
 as zero hidden states (their logits are never used).
 """
+
 from __future__ import annotations
 
 import torch
 
-from sglang_dsv41.sglang.context import BatchContext
 from sglang_dsv41.sglang import serving_attention
+from sglang_dsv41.sglang.context import BatchContext
 
 
-def run_layers(model, input_ids: torch.Tensor, ctx: BatchContext, pool,
-               attention=None) -> torch.Tensor:
+def run_layers(
+    model, input_ids: torch.Tensor, ctx: BatchContext, pool, attention=None
+) -> torch.Tensor:
     """model: has cfg, embed, layers (Blocks), norm, residual, engram_hasher. input_ids int64 [T]
     (the batch rows in order) -> final normed hidden states [T, hidden] (zeros for rows dropped
     by replay). Engram layers rewrite the residual before their attention, with hash rows from
@@ -52,10 +55,12 @@ def run_layers(model, input_ids: torch.Tensor, ctx: BatchContext, pool,
         if rows.n == 0:
             continue
         state = model.residual.attn_done(state, block, y)
-        state = model.residual.ffn_done(state, block,
-                                        block.ffn(model.residual.ffn_input(state, block)))
-    h = torch.zeros(ctx.rows.n, cfg.hidden_size, dtype=model.head.weight.dtype,
-                    device=input_ids.device)
+        state = model.residual.ffn_done(
+            state, block, block.ffn(model.residual.ffn_input(state, block))
+        )
+    h = torch.zeros(
+        ctx.rows.n, cfg.hidden_size, dtype=model.head.weight.dtype, device=input_ids.device
+    )
     if rows.n:
         h[rows.ids] = model.norm(model.residual.final(state)).to(h.dtype)
     return h

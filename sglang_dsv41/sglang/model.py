@@ -2,18 +2,19 @@
 
 Parameters are the reference's modules (`layers.block.Block`: MqaAttentionBase with the
 role-specific compressor / indexer, FFN, norms), named as in the checkpoint, so one definition of
-each formula serves both. The forward is `layer_loop.run_layers` (the reference's layer loop with cached attention) over
+each formula serves both. The forward is `layer_loop.run_layers` (the reference's layer loop with
+cached attention) over
 the batch metadata the `dsv41` backend built for this forward, then SGLang's logits processor.
 """
+
 from __future__ import annotations
 
 import logging
 
 import torch
-from torch import nn
-
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.forward_context import get_attn_backend
+from torch import nn
 
 from sglang_dsv41.layers.block import Block
 from sglang_dsv41.layers.engram import build_engram_hasher
@@ -42,8 +43,11 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.engram_hasher = None  # built from the checkpoint's tokenizer in load_weights
         self.logits_processor = LogitsProcessor(config)
         runtime.activate(cfg)
-        logger.info("sglang_dsv41: DeepseekV41ForCausalLM, roles %s, decoder SWA bounded replay "
-                    "%s", cfg.roles(), "on" if runtime.STATE.replay else "off")
+        logger.info(
+            "sglang_dsv41: DeepseekV41ForCausalLM, roles %s, decoder SWA bounded replay %s",
+            cfg.roles(),
+            "on" if runtime.STATE.replay else "off",
+        )
 
     def load_weights(self, weights):
         """Dense checkpoints load by name; the released FP8/FP4 format is dequantized on the

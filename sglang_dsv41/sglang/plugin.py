@@ -9,6 +9,7 @@ server arguments. It wires this package into SGLang through extension points onl
   - a per-architecture override: attention backend `dsv41` and CPU-friendly defaults;
   - HookRegistry hooks for the KV pool and the scheduler (see hooks.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,9 +33,8 @@ def register() -> None:
 
 
 def _register_config() -> None:
-    from transformers import AutoConfig
-
     from sglang.srt.utils.hf_transformers import common
+    from transformers import AutoConfig
 
     from sglang_dsv41.sglang.hf_config import MODEL_TYPE, DeepseekV41HFConfig
 
@@ -52,7 +52,10 @@ def _register_model() -> None:
 
 
 def _register_backend() -> None:
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.arg_groups.choices import (
+        ATTENTION_BACKEND_CHOICES,
+        add_attention_backend_choices,
+    )
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
 
     from sglang_dsv41.sglang.backend import BACKEND_NAME, create_backend

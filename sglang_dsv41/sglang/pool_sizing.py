@@ -5,6 +5,7 @@ are those of the records DSV41KVPool really allocates (geometry.PoolGeometry), n
 On CPU, without --max-total-tokens, capacity is capped at CPU_MAX_TOTAL_TOKENS: the pool is
 zero-filled up front, and most of a CPU's memory is better left to the host.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,11 +37,17 @@ class DSV41PoolConfigurator(MemoryPoolConfigurator):
         if self.cap is not None:
             tokens = min(tokens, self.cap)
         tokens = tokens // page_size * page_size
-        logger.info("dsv41 pool sizing: %.2f GB available, %.3f GB per-request buffers, %d B per "
-                    "token -> %d tokens", available_bytes / 2**30, self.fixed / 2**30,
-                    self.cell_size, tokens)
+        logger.info(
+            "dsv41 pool sizing: %.2f GB available, %.3f GB per-request buffers, %d B per "
+            "token -> %d tokens",
+            available_bytes / 2**30,
+            self.fixed / 2**30,
+            self.cell_size,
+            tokens,
+        )
         return MemoryPoolConfig(max_total_num_tokens=tokens)
 
-    def calculate_pool_sizes_from_max_tokens(self, max_total_num_tokens: int,
-                                             page_size: int) -> MemoryPoolConfig:
+    def calculate_pool_sizes_from_max_tokens(
+        self, max_total_num_tokens: int, page_size: int
+    ) -> MemoryPoolConfig:
         return MemoryPoolConfig(max_total_num_tokens=max_total_num_tokens // page_size * page_size)

@@ -5,16 +5,16 @@ per-request replay floors), which must act only when this package's model is ser
     replay   decoder SWA bounded replay on (server flag --enable-decoder-swa-bounded-replay,
              default on; --no-enable-decoder-swa-bounded-replay turns it off)
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass
 class _State:
-    cfg: Optional[object] = None
+    cfg: object | None = None
     replay: bool = True
 
 
@@ -54,7 +54,7 @@ def replay_floor(prompt_len: int, wants_prompt_logprobs: bool = False) -> int:
     return max(0, prompt_len - STATE.cfg.sliding_window)
 
 
-_FLOORS: "OrderedDict[str, int]" = OrderedDict()
+_FLOORS: OrderedDict[str, int] = OrderedDict()
 _FLOORS_KEPT = 1 << 16
 
 
@@ -71,7 +71,7 @@ def floors_of(rids) -> list:
     return [_FLOORS.get(r, 0) for r in rids]
 
 
-_TOKENS: "OrderedDict[str, tuple]" = OrderedDict()
+_TOKENS: OrderedDict[str, tuple] = OrderedDict()
 
 
 def remember_tokens(rid: str, prompt, output) -> None:

@@ -8,6 +8,7 @@ provider), so that `--model-path DIR --device cpu` needs no other flag.
     page size           2 when odd: a ratio-2 entry's two tokens share a page, so radix hits
                         end on entry boundaries and the entry's row is slot // 2
 """
+
 from __future__ import annotations
 
 from sglang_dsv41.sglang.backend import BACKEND_NAME
@@ -21,8 +22,10 @@ def server_defaults(server_args, hf_config) -> dict:
     for name in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
         value = getattr(server_args, name, None)  # the user's own flag, not a platform default
         if value is not None and value != BACKEND_NAME:
-            raise ValueError(f"--{name.replace('_', '-')} {value}: DeepseekV41ForCausalLM is "
-                             f"served by the '{BACKEND_NAME}' backend of sglang_dsv41")
+            raise ValueError(
+                f"--{name.replace('_', '-')} {value}: DeepseekV41ForCausalLM is "
+                f"served by the '{BACKEND_NAME}' backend of sglang_dsv41"
+            )
         out[name] = BACKEND_NAME
     if getattr(server_args, "dtype", "auto") == "auto":
         out["dtype"] = str(hf_config.dsv41().torch_dtype).replace("torch.", "")

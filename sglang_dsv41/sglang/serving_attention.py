@@ -13,6 +13,7 @@ Within one forward, `ctx.shared` passes state from source layers to their consum
     ("topk", layer) -> int64 [T_batch, TOPK], -1 padded, rows = batch row ids
     ("pool", b)     -> (first batch row id, bool [t_b, n_b]) candidate pool of request b
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,13 @@ import torch
 from sglang_dsv41.config import FULL
 from sglang_dsv41.kv.records import Layout, pack, unpack
 from sglang_dsv41.layers.compressor import stream_groups
-from sglang_dsv41.layers.index_math import (candidate_blocks, index_scores, pool_mask,
-                                            topk_indices, visible_mask)
+from sglang_dsv41.layers.index_math import (
+    candidate_blocks,
+    index_scores,
+    pool_mask,
+    topk_indices,
+    visible_mask,
+)
 from sglang_dsv41.layers.rope import apply_rope
 from sglang_dsv41.layers.sparse_attention import sparse_attention
 from sglang_dsv41.sglang.context import BatchContext, Rows
@@ -51,8 +57,11 @@ def swa_keys(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor):
     p0 = rows.pos[first]
     in_fwd = kpos >= p0[:, None]
     new_row = (first[:, None] + kpos - p0[:, None]).clamp(0, rows.n - 1)  # [T, W]
-    k = torch.where(in_fwd[..., None], unpack(Layout.V41, rec)[new_row],
-                    unpack(Layout.V41, ring[rp[:, None], kpos % W]))
+    k = torch.where(
+        in_fwd[..., None],
+        unpack(Layout.V41, rec)[new_row],
+        unpack(Layout.V41, ring[rp[:, None], kpos % W]),
+    )
     keep = rows.pos > rows.pos[last] - W  # the request's last W rows of this forward
     ring[rp[keep], rows.pos[keep] % W] = rec[keep]
     return k, ok
@@ -84,8 +93,9 @@ def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
         pending = None
         if r == 2 and p0 % 2:
             pending = (pool.pending[i][rp, 0:1], pool.pending[i][rp, 1:2])
-        cg, zg, ids, rest = stream_groups(r, p0, c[s:s + n], z[s:s + n] if z is not None else None,
-                                          pending)
+        cg, zg, ids, rest = stream_groups(
+            r, p0, c[s : s + n], z[s : s + n] if z is not None else None, pending
+        )
         if rest is not None:
             pool.pending[i][rp, 0] = rest[0][0]
             pool.pending[i][rp, 1] = rest[1][0]
@@ -133,19 +143,22 @@ def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.T
         if n == 0:
             continue
         _, k = source_entries(cfg, src, b, ctx, pool)
-        pos = rows.pos[s:s + n]
-        scores = index_scores(qI[s:s + n], w[s:s + n], k)  # [n, N]
+        pos = rows.pos[s : s + n]
+        scores = index_scores(qI[s : s + n], w[s : s + n], k)  # [n, N]
         allowed = visible_mask(pos, attn.ratio, k.shape[0])
         if cfg.uses_candidates(i):
             first, mask = ctx.shared[("pool", b)]
-            off = rows.ids[s:s + n] - first
+            off = rows.ids[s : s + n] - first
             allowed = allowed & mask[off]
         if i == cfg.candidate_source_layer_id:
-            blocks = candidate_blocks(scores, (pos + 1) // attn.ratio, cfg.candidate_block_size,
-                                      cfg.candidate_topk_blocks)
-            ctx.shared[("pool", b)] = (int(rows.ids[s]),
-                                       pool_mask(blocks, k.shape[0], cfg.candidate_block_size))
-        out[s:s + n] = topk_indices(scores, allowed, cfg.index_topk)
+            blocks = candidate_blocks(
+                scores, (pos + 1) // attn.ratio, cfg.candidate_block_size, cfg.candidate_topk_blocks
+            )
+            ctx.shared[("pool", b)] = (
+                int(rows.ids[s]),
+                pool_mask(blocks, k.shape[0], cfg.candidate_block_size),
+            )
+        out[s : s + n] = topk_indices(scores, allowed, cfg.index_topk)
     return out
 
 
@@ -157,8 +170,16 @@ def gather_topk(attn, topk: torch.Tensor, rows: Rows, ctx: BatchContext, pool):
     return main[rows.req[:, None], topk.clamp_min(0)], topk >= 0
 
 
-def attention_layer(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor,
-                    x_all=None, rows_all: Rows | None = None) -> torch.Tensor:
+def attention_layer(
+    attn,
+    x,
+    rows: Rows,
+    ctx: BatchContext,
+    pool,
+    floor: torch.Tensor,
+    x_all=None,
+    rows_all: Rows | None = None,
+) -> torch.Tensor:
     """x [T, hidden] attention input of `rows` -> [T, hidden].
 
     floor int64 [T]: lowest SWA key position per row (bounded replay; 0 otherwise).
@@ -167,8 +188,9 @@ def attention_layer(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.T
     """
     cfg, i = attn.cfg, attn.layer_id
     if attn.role == FULL:
-        compress(attn, x if x_all is None else x_all, rows if rows_all is None else rows_all,
-                 ctx, pool)
+        compress(
+            attn, x if x_all is None else x_all, rows if rows_all is None else rows_all, ctx, pool
+        )
     if rows.n == 0:
         return x.new_zeros(0, cfg.hidden_size)
     q, q_lora = attn.query(x, rows.pos)  # [T, H, D]

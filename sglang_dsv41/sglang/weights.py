@@ -3,6 +3,7 @@
 Every parameter must arrive exactly once with its shape; names the model does not have are an
 error. The message names the tensors (first few of each kind) and the checkpoint directory.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,11 @@ def load_named(model: nn.Module, weights, where: str = "checkpoint") -> set:
         loaded.add(name)
     missing = sorted(set(params) - loaded)
     problems = []
-    for label, items in (("mis-shaped", bad_shape), ("missing", missing),
-                         ("unexpected", sorted(unexpected))):
+    for label, items in (
+        ("mis-shaped", bad_shape),
+        ("missing", missing),
+        ("unexpected", sorted(unexpected)),
+    ):
         if items:
             more = f" (+{len(items) - 8} more)" if len(items) > 8 else ""
             problems.append(f"{label} tensors: {items[:8]}{more}")

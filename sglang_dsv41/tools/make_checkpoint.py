@@ -36,6 +36,7 @@ Measured with the reference on `tiny` (fp32, 256 random tokens): the residual RM
 context (7 of 8 random 48-token contexts differ), so attention visibly matters. Dividing the
 residual writes by sqrt(2 layers) (GPT-2 style) made the model nearly a bigram table (3 of 8).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -109,8 +110,14 @@ def manifest_bytes(cfg: DeepseekV41Config) -> int:
     return sum(math.prod(s) * d.itemsize for s, d in manifest.values())
 
 
-def write_checkpoint(out_dir, name: str = "tiny", seed: int = 0, force: bool = False,
-                     text_config: bool = True, progress: bool = False) -> Path:
+def write_checkpoint(
+    out_dir,
+    name: str = "tiny",
+    seed: int = 0,
+    force: bool = False,
+    text_config: bool = True,
+    progress: bool = False,
+) -> Path:
     """Write config.json, model.safetensors and the tokenizer files into out_dir."""
     from safetensors.torch import save_file
 
@@ -121,12 +128,15 @@ def write_checkpoint(out_dir, name: str = "tiny", seed: int = 0, force: bool = F
     cfg = preset(name)
     if name in TOO_BIG:
         gb = manifest_bytes(cfg) / 1e9
-        raise ValueError(f"preset {name!r} would need {gb:,.0f} GB of random weights; "
-                         "make_checkpoint writes 'tiny' or 'small' (the flash geometry is "
-                         "available as sglang_dsv41.config.preset('flash'))")
+        raise ValueError(
+            f"preset {name!r} would need {gb:,.0f} GB of random weights; "
+            "make_checkpoint writes 'tiny' or 'small' (the flash geometry is "
+            "available as sglang_dsv41.config.preset('flash'))"
+        )
     out = prepare_out_dir(out_dir, force)
     (out / "config.json").write_text(
-        json.dumps(checkpoint_config(name, text_config), indent=2) + "\n", encoding="utf-8")
+        json.dumps(checkpoint_config(name, text_config), indent=2) + "\n", encoding="utf-8"
+    )
     weights = out / "model.safetensors"
     save_file(random_weights(cfg, seed, progress), str(weights), metadata={"format": "pt"})
     weights.chmod(0o644)  # safetensors creates it 0600; other users (containers) must read it
@@ -158,21 +168,30 @@ def main(argv=None) -> int:
         return release_main(argv)
     parser = argparse.ArgumentParser(
         prog="python -m sglang_dsv41.tools.make_checkpoint",
-        description="Write a seeded random DeepSeek-V4.1 checkpoint with a tokenizer.")
-    parser.add_argument("--preset", default="tiny", help=f"one of {sorted(PRESETS)} "
-                        f"(weights refused for {', '.join(TOO_BIG)}: too big), or "
-                        f"{' / '.join(RELEASE_PRESETS)} (released format, see "
-                        "tools.release_checkpoint)")
+        description="Write a seeded random DeepSeek-V4.1 checkpoint with a tokenizer.",
+    )
+    parser.add_argument(
+        "--preset",
+        default="tiny",
+        help=f"one of {sorted(PRESETS)} "
+        f"(weights refused for {', '.join(TOO_BIG)}: too big), or "
+        f"{' / '.join(RELEASE_PRESETS)} (released format, see "
+        "tools.release_checkpoint)",
+    )
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
-    parser.add_argument("--flat", action="store_true",
-                        help="text fields at the top level of config.json instead of under "
-                        "text_config (the released layout)")
+    parser.add_argument(
+        "--flat",
+        action="store_true",
+        help="text fields at the top level of config.json instead of under "
+        "text_config (the released layout)",
+    )
     args = parser.parse_args(argv)
     try:
-        out = write_checkpoint(args.out, args.preset, args.seed, args.force, not args.flat,
-                               progress=True)
+        out = write_checkpoint(
+            args.out, args.preset, args.seed, args.force, not args.flat, progress=True
+        )
     except ValueError as e:
         parser.error(str(e))
     size = (out / "model.safetensors").stat().st_size

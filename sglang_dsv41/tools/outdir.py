@@ -1,5 +1,6 @@
 """The output directory of a checkpoint writer: created if missing, refused if it is a file or
 holds anything unless `force` is given."""
+
 from pathlib import Path
 
 

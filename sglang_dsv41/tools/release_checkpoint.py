@@ -19,6 +19,7 @@ config, printed as a summary (`--list`: every name, dtype, shape) without alloca
 `--check DIR` validates a checkpoint directory's safetensors headers against it (header reads
 only, so it runs on the real 475 GiB checkpoint in seconds).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 
 from sglang_dsv41.config import DeepseekV41Config
+from sglang_dsv41.tools.outdir import prepare_out_dir
 from sglang_dsv41.weights.quant import quant_fp4_packed, quant_fp8_block, quant_fp8_rows
 from sglang_dsv41.weights.release_config import (
     flash_mini_text_config,
@@ -39,7 +41,6 @@ from sglang_dsv41.weights.release_config import (
     flash_vision_config,
     release_config,
 )
-from sglang_dsv41.tools.outdir import prepare_out_dir
 from sglang_dsv41.weights.release_manifest import (
     FP4,
     FP8,
@@ -146,13 +147,16 @@ def write_flash_mini(out_dir, seed: int = 0, force: bool = False) -> Path:
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     shards = (release_tensors(cfg, seed), placeholder_skipped(cfg, seed))
     weight_map = {}
-    for fname, tensors in zip(SHARDS, shards):
+    for fname, tensors in zip(SHARDS, shards, strict=False):
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         (out / fname).chmod(0o644)  # safetensors creates 0600; servers in containers read it
         weight_map.update({n: fname for n in tensors})
-    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for s in shards
-                                            for t in s.values())},
-             "weight_map": dict(sorted(weight_map.items()))}
+    index = {
+        "metadata": {
+            "total_size": sum(t.numel() * t.element_size() for s in shards for t in s.values())
+        },
+        "weight_map": dict(sorted(weight_map.items())),
+    }
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return out
 
@@ -168,11 +172,14 @@ def flash_shapes(check_dir=None, list_all: bool = False, stream=None) -> dict:
         key = "scale" if name.endswith(".scale") else release_kind(name)
         kinds[key] += 1
         size[key] += manifest_bytes({name: (shape, dtype)})
-    print(f"V4.1-Flash text manifest: {len(manifest)} tensors, "
-          f"{manifest_bytes(manifest) / 2 ** 30:.2f} GiB (skipped at load: vision.*, aligner.*, "
-          "image_*, mtp.*)", file=stream)
+    print(
+        f"V4.1-Flash text manifest: {len(manifest)} tensors, "
+        f"{manifest_bytes(manifest) / 2**30:.2f} GiB (skipped at load: vision.*, aligner.*, "
+        "image_*, mtp.*)",
+        file=stream,
+    )
     for key in sorted(kinds):
-        print(f"  {key:9s} {kinds[key]:6d} tensors {size[key] / 2 ** 30:9.2f} GiB", file=stream)
+        print(f"  {key:9s} {kinds[key]:6d} tensors {size[key] / 2**30:9.2f} GiB", file=stream)
     if list_all:
         for name, (shape, dtype) in manifest.items():
             print(f"{name}\t{str(dtype).removeprefix('torch.')}\t{list(shape)}", file=stream)
@@ -181,15 +188,17 @@ def flash_shapes(check_dir=None, list_all: bool = False, stream=None) -> dict:
 
         found, _ = scan_checkpoint(str(check_dir))
         skipped = validate_release(found, cfg, str(check_dir))
-        print(f"{check_dir}: all {len(manifest)} text tensors match; {skipped} skipped",
-              file=stream)
+        print(
+            f"{check_dir}: all {len(manifest)} text tensors match; {skipped} skipped", file=stream
+        )
     return manifest
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sglang_dsv41.tools.release_checkpoint",
-        description="Released-format V4.1-Flash checkpoints: write flash-mini, check flash-shapes.")
+        description="Released-format V4.1-Flash checkpoints: write flash-mini, check flash-shapes.",
+    )
     parser.add_argument("--preset", required=True, choices=PRESETS)
     parser.add_argument("--out", help="output directory (flash-mini)")
     parser.add_argument("--seed", type=int, default=0)

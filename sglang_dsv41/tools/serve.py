@@ -8,6 +8,7 @@ CUDA, `--device cpu` is added, and `--sleep-on-idle` (SGLang's scheduler otherwi
 while idle). Then this process becomes `python -m sglang.launch_server ...`: the plugin entry
 point does the rest (docs/serving.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,19 @@ def ensure_tiny() -> str:
     if not (out / "config.json").exists() or not any(out.glob("*.safetensors")):
         out.parent.mkdir(parents=True, exist_ok=True)
         print(f"[serve] creating the tiny checkpoint in {out}", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "sglang_dsv41.tools.make_checkpoint", "--preset",
-                        "tiny", "--out", str(out), "--force"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sglang_dsv41.tools.make_checkpoint",
+                "--preset",
+                "tiny",
+                "--out",
+                str(out),
+                "--force",
+            ],
+            check=True,
+        )
     return str(out)
 
 
@@ -45,8 +57,11 @@ def build_command(argv: list) -> list:
         args = ["--model-path", ensure_tiny()] + args
     if not any(a == "--device" or a.startswith("--device=") for a in args) and not _has_cuda():
         args += ["--device", "cpu"]
-    if "--device" in args and args[args.index("--device") + 1] == "cpu" and \
-            "--sleep-on-idle" not in args:
+    if (
+        "--device" in args
+        and args[args.index("--device") + 1] == "cpu"
+        and "--sleep-on-idle" not in args
+    ):
         args.append("--sleep-on-idle")
     return [sys.executable, "-m", "sglang.launch_server"] + args
 

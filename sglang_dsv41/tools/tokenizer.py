@@ -27,6 +27,7 @@ Determinism: the same corpus gives the same `tokenizer.json` bytes (checked acro
 also with RAYON_NUM_THREADS=8: the trainer sorts its alphabet and breaks merge ties by token id);
 training still defaults to one thread, which costs nothing at this size (~0.1 s).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,10 +37,30 @@ from pathlib import Path
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
 SPECIAL_TOKENS = [
-    BOS, EOS, "<｜System｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
-    "<｜latest_reminder｜>", "<｜deepseek_image｜>", "<｜image｜>", "<｜box｜>", "<｜/box｜>",
-    "<｜point｜>", "<｜/point｜>", "<｜polygon｜>", "<｜/polygon｜>", "<｜ref｜>", "<｜/ref｜>",
-    "<｜action｜>", "<｜query｜>", "<｜authority｜>", "<｜domain｜>", "<｜title｜>", "<｜read_url｜>",
+    BOS,
+    EOS,
+    "<｜System｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<think>",
+    "</think>",
+    "<｜latest_reminder｜>",
+    "<｜deepseek_image｜>",
+    "<｜image｜>",
+    "<｜box｜>",
+    "<｜/box｜>",
+    "<｜point｜>",
+    "<｜/point｜>",
+    "<｜polygon｜>",
+    "<｜/polygon｜>",
+    "<｜ref｜>",
+    "<｜/ref｜>",
+    "<｜action｜>",
+    "<｜query｜>",
+    "<｜authority｜>",
+    "<｜domain｜>",
+    "<｜title｜>",
+    "<｜read_url｜>",
 ]
 """Special tokens in id order: SPECIAL_TOKENS[i] has id i."""
 DSML = "｜DSML｜"
@@ -96,22 +117,34 @@ def train_tokenizer(vocab_size: int, texts: list = None):
     exactly vocab_size entries. Raises ValueError if vocab_size cannot be reached exactly."""
     # Single-threaded training: set before `tokenizers` builds its thread pool.
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    from tokenizers import (AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors,
-                            trainers)
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     floor = len(SPECIAL_TOKENS) + 1 + 256
     if vocab_size < floor:
         raise ValueError(f"vocab_size {vocab_size} < {floor} (added tokens + 256 bytes)")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, show_progress=False,
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
         special_tokens=SPECIAL_TOKENS + [AddedToken(DSML, normalized=False)],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts if texts is not None else corpus_texts(), trainer=trainer)
     # The trainer marks every added token special; DSML must not be (see DSML).
     spec = json.loads(tok.to_str())
@@ -119,11 +152,14 @@ def train_tokenizer(vocab_size: int, texts: list = None):
         entry["special"] = entry["content"] != DSML
     tok = Tokenizer.from_str(json.dumps(spec))
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, 0)])
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, 0)]
+    )
     got = tok.get_vocab_size(with_added_tokens=True)
     if got != vocab_size:
-        raise ValueError(f"tokenizer has {got} entries, wanted vocab_size {vocab_size} "
-                         "(the corpus is too small for that many merges)")
+        raise ValueError(
+            f"tokenizer has {got} entries, wanted vocab_size {vocab_size} "
+            "(the corpus is too small for that many merges)"
+        )
     for i, s in enumerate(SPECIAL_TOKENS + [DSML]):
         if tok.token_to_id(s) != i:
             raise ValueError(f"special token {s!r} got id {tok.token_to_id(s)}, expected {i}")
@@ -134,13 +170,24 @@ def tokenizer_config(model_max_length: int) -> dict:
     """`tokenizer_config.json` contents (PreTrainedTokenizerFast, bos added, eos = pad)."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS, "eos_token": EOS, "pad_token": EOS, "unk_token": None,
-        "add_bos_token": True, "add_eos_token": False,
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": EOS,
+        "unk_token": None,
+        "add_bos_token": True,
+        "add_eos_token": False,
         "additional_special_tokens": SPECIAL_TOKENS[2:],
         "added_tokens_decoder": {
-            str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
-                     "single_word": False, "special": s != DSML}
-            for i, s in enumerate(SPECIAL_TOKENS + [DSML])},
+            str(i): {
+                "content": s,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": s != DSML,
+            }
+            for i, s in enumerate(SPECIAL_TOKENS + [DSML])
+        },
         "clean_up_tokenization_spaces": False,
         "model_max_length": model_max_length,
         "chat_template": CHAT_TEMPLATE,
@@ -153,9 +200,15 @@ def save_tokenizer(out_dir, vocab_size: int, model_max_length: int) -> None:
     tok = train_tokenizer(vocab_size)
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n", encoding="utf-8")
     _write_json(out / "tokenizer_config.json", tokenizer_config(model_max_length))
-    _write_json(out / "special_tokens_map.json", {
-        "bos_token": BOS, "eos_token": EOS, "pad_token": EOS,
-        "additional_special_tokens": SPECIAL_TOKENS[2:]})
+    _write_json(
+        out / "special_tokens_map.json",
+        {
+            "bos_token": BOS,
+            "eos_token": EOS,
+            "pad_token": EOS,
+            "additional_special_tokens": SPECIAL_TOKENS[2:],
+        },
+    )
 
 
 def _write_json(path: Path, obj: dict) -> None:

@@ -8,6 +8,7 @@ tensors under the dense names (`X.weight` dequantized with its `X.scale`), for t
 model and the CPU serving path; vision/aligner/image/MTP tensors are skipped with one log line
 and `ffn.gate.bias_vl` (image-token routing) is dropped.
 """
+
 from __future__ import annotations
 
 import glob
@@ -33,9 +34,17 @@ from sglang_dsv41.weights.release_manifest import (
 logger = logging.getLogger(__name__)
 
 SAFETENSORS_DTYPES = {
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
-    "U8": torch.uint8, "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
-    "F64": torch.float64, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E8M0": torch.float8_e8m0fnu,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "BOOL": torch.bool,
 }
 
 
@@ -100,10 +109,12 @@ def validate_release(found: dict, cfg, source: str = "checkpoint", limit: int = 
     number of skipped tensors."""
     problems = manifest_problems(found, release_manifest(cfg))
     if problems:
-        shown = problems[:limit] + ([f"... and {len(problems) - limit} more"]
-                                    if len(problems) > limit else [])
-        raise WeightFormatError(f"{source}: {len(problems)} tensor problem(s):\n  "
-                                + "\n  ".join(shown))
+        shown = problems[:limit] + (
+            [f"... and {len(problems) - limit} more"] if len(problems) > limit else []
+        )
+        raise WeightFormatError(
+            f"{source}: {len(problems)} tensor problem(s):\n  " + "\n  ".join(shown)
+        )
     return sum(1 for n in found if is_skipped(n))
 
 
@@ -136,11 +147,15 @@ def dense_weights_from_release(weights, cfg, where: str = "checkpoint"):
         if name in stored:
             raise WeightFormatError(f"{where}: {name} appears twice")
         stored[name] = t
-    skipped = validate_release({n: (tuple(t.shape), t.dtype) for n, t in stored.items()}, cfg,
-                               where)
+    skipped = validate_release(
+        {n: (tuple(t.shape), t.dtype) for n, t in stored.items()}, cfg, where
+    )
     if skipped:
-        logger.info("%s: skipped %d tensors outside the text model (vision.*, aligner.*, "
-                    "image_*, mtp.*)", where, skipped)
+        logger.info(
+            "%s: skipped %d tensors outside the text model (vision.*, aligner.*, image_*, mtp.*)",
+            where,
+            skipped,
+        )
     for name in release_manifest(cfg):
         if not name.endswith((".scale", ".gate.bias_vl")):
             yield name, dense_from_release(name, stored.__getitem__)
@@ -153,8 +168,11 @@ def load_release_state(path: str, cfg, dtype=torch.float32) -> dict:
     found, where = scan_checkpoint(path)
     skipped = validate_release(found, cfg, path)
     if skipped:
-        logger.info("%s: skipped %d tensors outside the text model (vision.*, aligner.*, "
-                    "image_*, mtp.*)", path, skipped)
+        logger.info(
+            "%s: skipped %d tensors outside the text model (vision.*, aligner.*, image_*, mtp.*)",
+            path,
+            skipped,
+        )
     handles = {}
 
     def get(stored: str) -> torch.Tensor:

@@ -11,6 +11,7 @@ UE8M0 scales are stored as torch.float8_e8m0fnu (safetensors F8_E8M0); uint8 byt
 too. Byte b decodes to 2^(b - 127). The encoders (used to write synthetic checkpoints) pick
 scale = 2^ceil(log2(amax / fmax)), amax floored as in kv/fp.py, and round to nearest even.
 """
+
 from __future__ import annotations
 
 import torch
@@ -67,8 +68,10 @@ def dequant_fp8_block(weight: Tensor, scale: Tensor) -> Tensor:
     """float8_e4m3fn [N, K] + UE8M0 [ceil(N/32), ceil(K/32)] -> fp32 [N, K]."""
     N, K = weight.shape
     if tuple(scale.shape) != fp8_block_scale_shape((N, K)):
-        raise ValueError(f"FP8 block scale shape {tuple(scale.shape)} != "
-                         f"{fp8_block_scale_shape((N, K))} for weight {(N, K)}")
+        raise ValueError(
+            f"FP8 block scale shape {tuple(scale.shape)} != "
+            f"{fp8_block_scale_shape((N, K))} for weight {(N, K)}"
+        )
     s = ue8m0_decode(_scale_bytes(scale))
     s = s.repeat_interleave(BLOCK, 0)[:N].repeat_interleave(BLOCK, 1)[:, :K]  # [N, K]
     return e4m3_decode(weight.view(torch.uint8)) * s
@@ -92,8 +95,7 @@ def dequant_fp8_rows(weight: Tensor, scale: Tensor) -> Tensor:
     """float8_e4m3fn [R, D] + UE8M0 [R, D/32] -> fp32 [R, D] (the Engram table format)."""
     R, D = weight.shape
     if tuple(scale.shape) != group_scale_shape((R, D)):
-        raise ValueError(f"FP8 row scale shape {tuple(scale.shape)} != "
-                         f"{group_scale_shape((R, D))}")
+        raise ValueError(f"FP8 row scale shape {tuple(scale.shape)} != {group_scale_shape((R, D))}")
     s = ue8m0_decode(_scale_bytes(scale)).repeat_interleave(BLOCK, 1)  # [R, D]
     return e4m3_decode(weight.view(torch.uint8)) * s
 

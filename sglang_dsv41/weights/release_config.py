@@ -15,23 +15,38 @@ flash-mini keeps every structural fact (40 layers, the ratios, source lists, can
 engram layers [1, 14], mHC 4 x 20 iterations, MoE scoring, quantization kinds) and shrinks the
 widths, vocab, window, top-k, expert count and engram tables so it runs on a CPU in seconds.
 """
+
 from __future__ import annotations
 
 from sglang_dsv41.layers.engram import engram_primes
 from sglang_dsv41.presets import flash
 
-QUANTIZATION = {"quant_method": "fp8", "weight_block_size": [32, 32], "scale_fmt": "ue8m0",
-                "expert_dtype": "fp4"}
+QUANTIZATION = {
+    "quant_method": "fp8",
+    "weight_block_size": [32, 32],
+    "scale_fmt": "ue8m0",
+    "expert_dtype": "fp4",
+}
 TOP_LEVEL = ("architectures", "model_type", "torch_dtype", "bos_token_id", "eos_token_id")
-FLASH_ENGRAM = {"engram_layer_ids": [1, 14], "engram_max_ngram_size": 4, "engram_n_heads": 8,
-                "engram_head_dim": 256, "engram_vocab_size": 16_000_000,
-                "engram_compressed_vocab_size": 99_092, "engram_pad_token_id": 2}
+FLASH_ENGRAM = {
+    "engram_layer_ids": [1, 14],
+    "engram_max_ngram_size": 4,
+    "engram_n_heads": 8,
+    "engram_head_dim": 256,
+    "engram_vocab_size": 16_000_000,
+    "engram_compressed_vocab_size": 99_092,
+    "engram_pad_token_id": 2,
+}
 
 
 def engram_table_rows(text: dict) -> list:
     """Rows of each engram layer's table: the sum of its primes (what the hash addresses)."""
-    primes = engram_primes(len(text["engram_layer_ids"]), text["engram_max_ngram_size"],
-                           text["engram_n_heads"], text["engram_vocab_size"])
+    primes = engram_primes(
+        len(text["engram_layer_ids"]),
+        text["engram_max_ngram_size"],
+        text["engram_n_heads"],
+        text["engram_vocab_size"],
+    )
     return [sum(sum(k) for k in layer) for layer in primes]
 
 
@@ -52,15 +67,33 @@ def flash_mini_text_config(vocab_size: int = 512, compressed_vocab: int = 0) -> 
     tokenizer exists; the writer fills it in).
     """
     text = flash_text_config()
-    text.update({
-        "vocab_size": vocab_size, "hidden_size": 64, "num_attention_heads": 4, "head_dim": 64,
-        "qk_rope_head_dim": 16, "q_lora_rank": 32, "o_lora_rank": 16, "o_groups": 8,
-        "sliding_window": 16, "index_n_heads": 2, "index_head_dim": 32, "index_topk": 8,
-        "candidate_topk_blocks": 6, "candidate_block_size": 4, "n_routed_experts": 8,
-        "num_experts_per_tok": 2, "moe_intermediate_size": 64, "max_position_embeddings": 4096,
-        "engram_n_heads": 2, "engram_head_dim": 32, "engram_vocab_size": 61,
-        "engram_compressed_vocab_size": compressed_vocab, "torch_dtype": "bfloat16",
-    })
+    text.update(
+        {
+            "vocab_size": vocab_size,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "head_dim": 64,
+            "qk_rope_head_dim": 16,
+            "q_lora_rank": 32,
+            "o_lora_rank": 16,
+            "o_groups": 8,
+            "sliding_window": 16,
+            "index_n_heads": 2,
+            "index_head_dim": 32,
+            "index_topk": 8,
+            "candidate_topk_blocks": 6,
+            "candidate_block_size": 4,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "max_position_embeddings": 4096,
+            "engram_n_heads": 2,
+            "engram_head_dim": 32,
+            "engram_vocab_size": 61,
+            "engram_compressed_vocab_size": compressed_vocab,
+            "torch_dtype": "bfloat16",
+        }
+    )
     text["engram_num_embeddings"] = engram_table_rows(text)
     return text
 
@@ -69,16 +102,31 @@ def release_config(text: dict, vision: dict) -> dict:
     """Nest flat text fields into the released config.json layout."""
     top = {k: text[k] for k in TOP_LEVEL if k in text}
     nested = {k: v for k, v in text.items() if k not in TOP_LEVEL}
-    return {**top, "text_config": nested, "vision_config": dict(vision),
-            "quantization_config": dict(QUANTIZATION)}
+    return {
+        **top,
+        "text_config": nested,
+        "vision_config": dict(vision),
+        "quantization_config": dict(QUANTIZATION),
+    }
 
 
 def flash_vision_config() -> dict:
     """Placeholder ViT fields (not audited; text-only serving skips `vision.*`)."""
-    return {"model_type": "deepseek_v41_vision", "num_hidden_layers": 24, "hidden_size": 1024,
-            "num_attention_heads": 16, "intermediate_size": 4096, "patch_size": 14}
+    return {
+        "model_type": "deepseek_v41_vision",
+        "num_hidden_layers": 24,
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "intermediate_size": 4096,
+        "patch_size": 14,
+    }
 
 
 def flash_mini_vision_config() -> dict:
-    return {**flash_vision_config(), "num_hidden_layers": 1, "hidden_size": 32,
-            "num_attention_heads": 2, "intermediate_size": 64}
+    return {
+        **flash_vision_config(),
+        "num_hidden_layers": 1,
+        "hidden_size": 32,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+    }

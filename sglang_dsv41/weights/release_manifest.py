@@ -17,6 +17,7 @@ tensor) by the released quantization rules of DESIGN.md section 8:
 text-only model drops it. Tensors under SKIPPED_PREFIXES (vision tower, aligner, image
 embeddings, the 3 MTP stages) are not part of the text model and are skipped at load.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,7 +33,8 @@ E4M3, UE8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
 
 _FP8_BLOCK = re.compile(
     r"\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|ffn\.(shared_experts\.)?w[123]"
-    r"|engram\.wkv)\.weight$")
+    r"|engram\.wkv)\.weight$"
+)
 _FP4 = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
 _FP32 = re.compile(r"(\.attn\.attn_sink|\.ffn\.gate\.bias(_vl)?|\.hc_(attn|ffn)_(fn|base|scale))$")
 
@@ -66,8 +68,10 @@ def release_entries(name: str, shape: tuple) -> dict:
     if kind == FP8:
         return {name: (shape, E4M3), scale_name(name): (fp8_block_scale_shape(shape), UE8M0)}
     if kind == FP4:
-        return {name: (fp4_packed_shape(shape), torch.int8),
-                scale_name(name): (group_scale_shape(shape), UE8M0)}
+        return {
+            name: (fp4_packed_shape(shape), torch.int8),
+            scale_name(name): (group_scale_shape(shape), UE8M0),
+        }
     if kind == FP8_ROWS:
         return {name: (shape, E4M3), scale_name(name): (group_scale_shape(shape), UE8M0)}
     return {name: (shape, torch.float32 if kind == FP32 else torch.bfloat16)}

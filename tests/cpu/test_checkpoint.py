@@ -1,6 +1,7 @@
 """make_checkpoint: tensors equal the manifest, same seed -> same bytes, the tokenizer loads with
 AutoTokenizer and renders chats as deepseek-recipe does, config round-trips, greedy decoding of
 the reference does not collapse."""
+
 import json
 import time
 
@@ -12,8 +13,13 @@ from sglang_dsv41.manifest import tensor_manifest
 from sglang_dsv41.tools.make_checkpoint import checkpoint_config, main, write_checkpoint
 from sglang_dsv41.tools.tokenizer import BOS, DSML, EOS, SPECIAL_TOKENS, train_tokenizer
 
-FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-         "special_tokens_map.json")
+FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 TEXTS = [
     "Hello world! The quick brown fox jumps over the lazy dog.",
     "def f(x):\n    return x ** 2  # square\n\n\tindent\r\n",
@@ -54,8 +60,8 @@ def test_init_scales(ckpt):
     w = load_file(str(ckpt / "model.safetensors"))
     hid = preset("tiny").hidden_size
     assert abs(w["embed.weight"].std().item() - 1.0) < 0.05
-    assert abs(w["head.weight"].std().item() * hid ** 0.5 - 1.0) < 0.05
-    assert abs(w["layers.3.attn.wq_b.weight"].std().item() * 32 ** 0.5 - 1.0) < 0.05
+    assert abs(w["head.weight"].std().item() * hid**0.5 - 1.0) < 0.05
+    assert abs(w["layers.3.attn.wq_b.weight"].std().item() * 32**0.5 - 1.0) < 0.05
     norms = [v for k, v in w.items() if k.endswith("norm.weight")]
     assert all((v - 1).abs().max() < 0.3 for v in norms)
     assert all(w[k].abs().max() < 0.5 for k in w if k.endswith(("attn_sink", "gate.bias")))
@@ -66,12 +72,23 @@ def test_every_manifest_tensor_has_an_init_rule():
     from sglang_dsv41.presets import tiny
     from sglang_dsv41.tools.make_checkpoint import random_weights
 
-    cfg = DeepseekV41Config.from_dict({
-        **tiny(), "num_hidden_layers": 4, "compress_ratios": [0, 2, 1, 1],
-        "kv_source_layer_ids": [1, 2], "index_source_layer_ids": [1, 2],
-        "candidate_source_layer_id": 2, "hc_mult": 2, "engram_layer_ids": [1],
-        "engram_num_embeddings": [64], "engram_max_ngram_size": 3, "engram_n_heads": 2,
-        "engram_head_dim": 16, "engram_vocab_size": 512})
+    cfg = DeepseekV41Config.from_dict(
+        {
+            **tiny(),
+            "num_hidden_layers": 4,
+            "compress_ratios": [0, 2, 1, 1],
+            "kv_source_layer_ids": [1, 2],
+            "index_source_layer_ids": [1, 2],
+            "candidate_source_layer_id": 2,
+            "hc_mult": 2,
+            "engram_layer_ids": [1],
+            "engram_num_embeddings": [64],
+            "engram_max_ngram_size": 3,
+            "engram_n_heads": 2,
+            "engram_head_dim": 16,
+            "engram_vocab_size": 512,
+        }
+    )
     w = random_weights(cfg, 0)
     assert sorted(w) == sorted(tensor_manifest(cfg))
     assert all(torch.isfinite(v).all() for v in w.values())
@@ -95,8 +112,11 @@ def test_config_round_trips(ckpt):
     assert raw["vision_n_layers"] == 0 and raw["tie_word_embeddings"] is False
     want = preset("tiny")
     for flat in (False, True):
-        got = (DeepseekV41Config.from_hf(ckpt) if not flat
-               else DeepseekV41Config.from_dict(checkpoint_config("tiny", text_config=False)))
+        got = (
+            DeepseekV41Config.from_hf(ckpt)
+            if not flat
+            else DeepseekV41Config.from_dict(checkpoint_config("tiny", text_config=False))
+        )
         for field in want.__dataclass_fields__:
             if field != "extra":
                 assert getattr(got, field) == getattr(want, field), (flat, field)
@@ -153,17 +173,25 @@ def test_tokenizer_loads_offline(hf_tok):
 
 
 def test_chat_template_renders(hf_tok):
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Why?"}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Why?"},
+    ]
     text = hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    assert text == ("<｜begin▁of▁sentence｜><｜System｜>Be brief.<｜User｜>Hi<｜Assistant｜></think>"
-                    "Hello!<｜end▁of▁sentence｜><｜User｜>Why?<｜Assistant｜></think>")
-    think = hf_tok.apply_chat_template(msgs[1:2], tokenize=False, add_generation_prompt=True,
-                                       thinking=True)
+    assert text == (
+        "<｜begin▁of▁sentence｜><｜System｜>Be brief.<｜User｜>Hi<｜Assistant｜></think>"
+        "Hello!<｜end▁of▁sentence｜><｜User｜>Why?<｜Assistant｜></think>"
+    )
+    think = hf_tok.apply_chat_template(
+        msgs[1:2], tokenize=False, add_generation_prompt=True, thinking=True
+    )
     assert think.startswith("<｜begin▁of▁sentence｜><｜System｜>Reasoning Effort: 75 (")
     assert think.endswith("\n\n<｜User｜>Hi<｜Assistant｜><think>")
-    ids = hf_tok.apply_chat_template(msgs[1:2], tokenize=True, add_generation_prompt=True,
-                                     return_dict=False)
+    ids = hf_tok.apply_chat_template(
+        msgs[1:2], tokenize=True, add_generation_prompt=True, return_dict=False
+    )
     assert ids[:2] == [0, 3] and ids[-2:] == [4, 6]  # one bos, <User> ... <Assistant></think>
 
 
@@ -178,41 +206,60 @@ CONVERSATIONS = [
 ]
 
 
-@pytest.mark.parametrize("thinking,effort", [(False, None), (True, None), (True, "low"),
-                                             (True, "max")])
+@pytest.mark.parametrize(
+    "thinking,effort", [(False, None), (True, None), (True, "low"), (True, "max")]
+)
 def test_chat_template_matches_deepseek_recipe(hf_tok, thinking, effort):
     """SGLang renders deepseek_v41 chats with deepseek-recipe; the Jinja template must agree."""
     recipe = pytest.importorskip("deepseek_recipe")
-    kinds = {"system": recipe.SystemMessage, "user": recipe.UserMessage,
-             "assistant": recipe.AssistantMessage,
-             "latest_reminder": recipe.LatestReminderMessage}
+    kinds = {
+        "system": recipe.SystemMessage,
+        "user": recipe.UserMessage,
+        "assistant": recipe.AssistantMessage,
+        "latest_reminder": recipe.LatestReminderMessage,
+    }
     encoding = recipe.DeepseekV41Encoding().with_special_tokens(
-        recipe.SpecialTokens(image="<｜deepseek_image｜>"))
-    with_tok = encoding.with_tokenizer(
-        recipe.Tokenizer.from_str(hf_tok.backend_tokenizer.to_str()))
+        recipe.SpecialTokens(image="<｜deepseek_image｜>")
+    )
+    with_tok = encoding.with_tokenizer(recipe.Tokenizer.from_str(hf_tok.backend_tokenizer.to_str()))
     kw = {"thinking": thinking, **({"reasoning_effort": effort} if effort else {})}
     for conv in CONVERSATIONS:
-        conversation = recipe.Conversation([kinds[r](c) for r, c in conv], thinking_mode=thinking,
-                                           reasoning_effort=effort)
+        conversation = recipe.Conversation(
+            [kinds[r](c) for r, c in conv], thinking_mode=thinking, reasoning_effort=effort
+        )
         msgs = [{"role": r, "content": c} for r, c in conv]
         text = hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
         assert text == encoding.render_conversation(conversation).prompt, conv
-        ids = hf_tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True,
-                                         return_dict=False, **kw)
+        ids = hf_tok.apply_chat_template(
+            msgs, tokenize=True, add_generation_prompt=True, return_dict=False, **kw
+        )
         assert ids == with_tok.encode(conversation), conv
 
 
 def test_deepseek_recipe_encodes_tool_requests(hf_tok):
     """Tools render with ｜DSML｜ markup, which recipe encodes only from the added vocabulary."""
     recipe = pytest.importorskip("deepseek_recipe")
-    request = recipe.ChatCompletionRequest({
-        "model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "Weather?"}],
-        "tools": [{"type": "function", "function": {
-            "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]})
+    request = recipe.ChatCompletionRequest(
+        {
+            "model": "DeepSeek-V4.1-Flash",
+            "messages": [{"role": "user", "content": "Weather?"}],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "parameters": {"type": "object", "properties": {}},
+                    },
+                }
+            ],
+        }
+    )
     converted = request.convert(recipe.ConversionOptions())
-    ids = recipe.DeepseekV41Encoding().with_tokenizer(
-        recipe.Tokenizer.from_str(hf_tok.backend_tokenizer.to_str())).encode(
-            converted.conversation)
+    ids = (
+        recipe.DeepseekV41Encoding()
+        .with_tokenizer(recipe.Tokenizer.from_str(hf_tok.backend_tokenizer.to_str()))
+        .encode(converted.conversation)
+    )
     assert ids[0] == 0 and 24 in ids
 
 

@@ -1,4 +1,5 @@
 """DeepseekV41Config: derived roles, sources, and validation messages naming field and layer."""
+
 import copy
 import json
 
@@ -34,9 +35,13 @@ def test_tiny_has_every_role():
 
 
 def test_release_layout_with_text_config(tmp_path):
-    released = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
-                "text_config": flash(), "vision_config": {"hidden_size": 1024},
-                "quantization_config": {"quant_method": "fp8"}}
+    released = {
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "model_type": "deepseek_v41",
+        "text_config": flash(),
+        "vision_config": {"hidden_size": 1024},
+        "quantization_config": {"quant_method": "fp8"},
+    }
     (tmp_path / "config.json").write_text(json.dumps(released))
     cfg = DeepseekV41Config.from_hf(tmp_path)
     assert cfg.num_hidden_layers == 40 and len(cfg.compress_ratios) == 43
@@ -52,46 +57,69 @@ def _bad(**changes):
     return str(e.value)
 
 
-@pytest.mark.parametrize("changes, field, layer", [
-    (dict(kv_source_layer_ids=[1, 3, 6, 8], index_source_layer_ids=[1, 3, 6, 10]),
-     "kv_source_layer_ids", 8),
-    (dict(kv_source_layer_ids=[0, 1, 3, 6], index_source_layer_ids=[0, 1, 3, 6, 8, 10]),
-     "kv_source_layer_ids", 0),
-    (dict(index_source_layer_ids=[1, 3, 6, 8, 12]), "index_source_layer_ids", 12),
-    (dict(index_source_layer_ids=[1, 3, 6, 10, 8]), "index_source_layer_ids", 8),
-    (dict(index_source_layer_ids=[1, 3, 6, 6, 8]), "index_source_layer_ids", 6),
-    (dict(candidate_source_layer_id=8), "candidate_source_layer_id", 8),
-    (dict(candidate_source_layer_id=3), "candidate_source_layer_id", 3),
-    (dict(compress_ratios=[0, 2, 2, 2, 2, 2, 1, 1, 2, 1, 1, 1]), "compress_ratios", 8),
-    (dict(compress_ratios=[0, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 3]), "compress_ratios", 11),
-    (dict(compress_ratios=[0, 1, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1]), "kv_source_layer_ids", 2),
-    (dict(kv_source_layer_ids=[3, 6], index_source_layer_ids=[3, 6, 8, 10]),
-     "kv_source_layer_ids", 1),
-])
+@pytest.mark.parametrize(
+    "changes, field, layer",
+    [
+        (
+            dict(kv_source_layer_ids=[1, 3, 6, 8], index_source_layer_ids=[1, 3, 6, 10]),
+            "kv_source_layer_ids",
+            8,
+        ),
+        (
+            dict(kv_source_layer_ids=[0, 1, 3, 6], index_source_layer_ids=[0, 1, 3, 6, 8, 10]),
+            "kv_source_layer_ids",
+            0,
+        ),
+        (dict(index_source_layer_ids=[1, 3, 6, 8, 12]), "index_source_layer_ids", 12),
+        (dict(index_source_layer_ids=[1, 3, 6, 10, 8]), "index_source_layer_ids", 8),
+        (dict(index_source_layer_ids=[1, 3, 6, 6, 8]), "index_source_layer_ids", 6),
+        (dict(candidate_source_layer_id=8), "candidate_source_layer_id", 8),
+        (dict(candidate_source_layer_id=3), "candidate_source_layer_id", 3),
+        (dict(compress_ratios=[0, 2, 2, 2, 2, 2, 1, 1, 2, 1, 1, 1]), "compress_ratios", 8),
+        (dict(compress_ratios=[0, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 3]), "compress_ratios", 11),
+        (dict(compress_ratios=[0, 1, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1]), "kv_source_layer_ids", 2),
+        (
+            dict(kv_source_layer_ids=[3, 6], index_source_layer_ids=[3, 6, 8, 10]),
+            "kv_source_layer_ids",
+            1,
+        ),
+    ],
+)
 def test_validation_names_field_and_layer(changes, field, layer):
     msg = _bad(**changes)
     assert msg.startswith(field) and f"(layer {layer})" in msg, msg
 
 
-@pytest.mark.parametrize("changes, field", [
-    (dict(o_groups=3), "o_groups"),
-    (dict(qk_rope_head_dim=128), "qk_rope_head_dim"),
-    (dict(index_topk=0), "index_topk"),
-    (dict(sliding_window=0), "sliding_window"),
-    (dict(head_dim=48), "head_dim"),
-    (dict(compress_ratios=[0, 2]), "compress_ratios"),
-    (dict(num_experts_per_tok=9), "num_experts_per_tok"),
-    (dict(kv_cache_dtype_main="fp16"), "kv_cache_dtype_main"),
-])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        (dict(o_groups=3), "o_groups"),
+        (dict(qk_rope_head_dim=128), "qk_rope_head_dim"),
+        (dict(index_topk=0), "index_topk"),
+        (dict(sliding_window=0), "sliding_window"),
+        (dict(head_dim=48), "head_dim"),
+        (dict(compress_ratios=[0, 2]), "compress_ratios"),
+        (dict(num_experts_per_tok=9), "num_experts_per_tok"),
+        (dict(kv_cache_dtype_main="fp16"), "kv_cache_dtype_main"),
+    ],
+)
 def test_validation_names_field(changes, field):
     assert _bad(**changes).startswith(field)
 
 
 def _engram(**changes):
     d = copy.deepcopy(tiny())
-    d.update({"engram_layer_ids": [1, 7], "engram_num_embeddings": [97, 101],
-              "engram_max_ngram_size": 3, "engram_n_heads": 2, "engram_head_dim": 32,
-              "engram_vocab_size": 61, "engram_compressed_vocab_size": 500})
+    d.update(
+        {
+            "engram_layer_ids": [1, 7],
+            "engram_num_embeddings": [97, 101],
+            "engram_max_ngram_size": 3,
+            "engram_n_heads": 2,
+            "engram_head_dim": 32,
+            "engram_vocab_size": 61,
+            "engram_compressed_vocab_size": 500,
+        }
+    )
     d.update(changes)
     return d
 
@@ -100,15 +128,18 @@ def test_engram_fields_valid():
     assert DeepseekV41Config.from_dict(_engram()).engram_layer_ids == [1, 7]
 
 
-@pytest.mark.parametrize("changes, field, layer", [
-    (dict(engram_num_embeddings=[97]), "engram_num_embeddings", None),
-    (dict(engram_num_embeddings=[97, 0]), "engram_num_embeddings", 7),
-    (dict(engram_max_ngram_size=1), "engram_max_ngram_size", 1),
-    (dict(engram_head_dim=0), "engram_head_dim", 1),
-    (dict(engram_n_heads=0), "engram_n_heads", 1),
-    (dict(engram_layer_ids=[7, 1]), "engram_layer_ids", 1),
-    (dict(engram_layer_ids=[1, 12]), "engram_layer_ids", None),
-])
+@pytest.mark.parametrize(
+    "changes, field, layer",
+    [
+        (dict(engram_num_embeddings=[97]), "engram_num_embeddings", None),
+        (dict(engram_num_embeddings=[97, 0]), "engram_num_embeddings", 7),
+        (dict(engram_max_ngram_size=1), "engram_max_ngram_size", 1),
+        (dict(engram_head_dim=0), "engram_head_dim", 1),
+        (dict(engram_n_heads=0), "engram_n_heads", 1),
+        (dict(engram_layer_ids=[7, 1]), "engram_layer_ids", 1),
+        (dict(engram_layer_ids=[1, 12]), "engram_layer_ids", None),
+    ],
+)
 def test_engram_validation(changes, field, layer):
     with pytest.raises(ConfigError) as e:
         DeepseekV41Config.from_dict(_engram(**changes))

@@ -1,5 +1,6 @@
 """The core (everything but sglang_dsv41/sglang) must import without SGLang: the GPU machine has
 none. Each module is imported in a fresh interpreter with `sys.modules["sglang"] = None`."""
+
 import pkgutil
 import subprocess
 import sys
@@ -22,8 +23,10 @@ def _core_modules():
 def test_core_imports_without_sglang():
     mods = _core_modules()
     assert "sglang_dsv41.reference.model" in mods and "sglang_dsv41.kv.records" in mods
-    code = ("import sys, importlib\nsys.modules['sglang'] = None\n"
-            f"for m in {mods!r}:\n    importlib.import_module(m)\n"
-            "assert 'sglang.srt' not in sys.modules\nprint('ok')")
+    code = (
+        "import sys, importlib\nsys.modules['sglang'] = None\n"
+        f"for m in {mods!r}:\n    importlib.import_module(m)\n"
+        "assert 'sglang.srt' not in sys.modules\nprint('ok')"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

@@ -1,4 +1,5 @@
 """Engram: the reference's hash check values, hashing and gate against scalar loops."""
+
 import math
 from types import SimpleNamespace
 
@@ -22,12 +23,25 @@ FLASH = dict(layers=[1, 14], n=4, heads=8, vocab=16_000_000, compressed=99092)
 
 
 def _cfg(**kw):
-    base = dict(engram_layer_ids=[1, 3], engram_max_ngram_size=3, engram_n_heads=2,
-                engram_vocab_size=50, engram_compressed_vocab_size=40, engram_pad_token_id=2,
-                engram_head_dim=8, hc_mult=4, hidden_size=16, rms_norm_eps=1e-6)
+    base = dict(
+        engram_layer_ids=[1, 3],
+        engram_max_ngram_size=3,
+        engram_n_heads=2,
+        engram_vocab_size=50,
+        engram_compressed_vocab_size=40,
+        engram_pad_token_id=2,
+        engram_head_dim=8,
+        hc_mult=4,
+        hidden_size=16,
+        rms_norm_eps=1e-6,
+    )
     base.update(kw)
-    primes = engram_primes(len(base["engram_layer_ids"]), base["engram_max_ngram_size"],
-                           base["engram_n_heads"], base["engram_vocab_size"])
+    primes = engram_primes(
+        len(base["engram_layer_ids"]),
+        base["engram_max_ngram_size"],
+        base["engram_n_heads"],
+        base["engram_vocab_size"],
+    )
     base.setdefault("engram_num_embeddings", [sum(sum(p) for p in pl) for pl in primes])
     return SimpleNamespace(**base)
 
@@ -47,7 +61,7 @@ def test_flash_check_values():
 
 
 def test_is_prime_small():
-    want = [n for n in range(2, 3000) if all(n % d for d in range(2, int(n ** 0.5) + 1))]
+    want = [n for n in range(2, 3000) if all(n % d for d in range(2, int(n**0.5) + 1))]
     assert [n for n in range(3000) if is_prime(n)] == want
 
 
@@ -82,7 +96,7 @@ def test_hash_rows_match_scalar_loop():
             want, c, h = [], 0, w[0] * mult[0]
             for k in range(1, 3):
                 h ^= w[k] * mult[k]
-                for head in range(2):
+                for _head in range(2):
                     want.append(h % flat[c] + offs[c])
                     c += 1
             assert rows[t, li].tolist() == want
@@ -118,9 +132,9 @@ def test_gate_matches_scalar_loop():
     qw, kw = torch.rand(S, d, generator=g) + 0.5, torch.randn(S, d, generator=g)
     out = engram_gate(H, kv, qw, kw, 1e-6)
     for t in range(T):
-        v = kv[t, S * d:]
+        v = kv[t, S * d :]
         for j in range(S):
-            h, k = H[t, j].tolist(), kv[t, j * d:(j + 1) * d].tolist()
+            h, k = H[t, j].tolist(), kv[t, j * d : (j + 1) * d].tolist()
             rh = 1 / math.sqrt(sum(x * x for x in h) / d + 1e-6)
             rk = 1 / math.sqrt(sum(x * x for x in k) / d + 1e-6)
             dot = sum(h[c] * qw[j, c].item() * kw[j, c].item() * k[c] for c in range(d))

@@ -1,4 +1,5 @@
 """flash-mini: a released-format checkpoint at reduced widths, loaded and run by the reference."""
+
 import json
 import logging
 import re
@@ -31,19 +32,40 @@ def model(mini):
 
 def test_config_layout(mini):
     raw = json.loads((mini / "config.json").read_text())
-    assert set(raw) >= {"architectures", "model_type", "text_config", "vision_config",
-                        "quantization_config"}
-    assert raw["quantization_config"] == {"quant_method": "fp8", "weight_block_size": [32, 32],
-                                          "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
+    assert set(raw) >= {
+        "architectures",
+        "model_type",
+        "text_config",
+        "vision_config",
+        "quantization_config",
+    }
+    assert raw["quantization_config"] == {
+        "quant_method": "fp8",
+        "weight_block_size": [32, 32],
+        "scale_fmt": "ue8m0",
+        "expert_dtype": "fp4",
+    }
     text = raw["text_config"]
     assert len(text["compress_ratios"]) == 43 and text["compress_ratios"][40:] == [0, 0, 0]
     full = flash_config()
     cfg = DeepseekV41Config.from_dict(raw)
-    for k in ("num_hidden_layers", "compress_ratios", "kv_source_layer_ids",
-              "index_source_layer_ids", "candidate_source_layer_id", "hc_mult",
-              "hc_sinkhorn_iters", "engram_layer_ids", "engram_max_ngram_size", "scoring_func",
-              "routed_scaling_factor", "swiglu_limit", "n_shared_experts", "rms_norm_eps",
-              "num_nextn_predict_layers"):
+    for k in (
+        "num_hidden_layers",
+        "compress_ratios",
+        "kv_source_layer_ids",
+        "index_source_layer_ids",
+        "candidate_source_layer_id",
+        "hc_mult",
+        "hc_sinkhorn_iters",
+        "engram_layer_ids",
+        "engram_max_ngram_size",
+        "scoring_func",
+        "routed_scaling_factor",
+        "swiglu_limit",
+        "n_shared_experts",
+        "rms_norm_eps",
+        "num_nextn_predict_layers",
+    ):
         assert getattr(cfg, k) == getattr(full, k), k
     assert cfg.roles() == full.roles()
 
@@ -76,11 +98,9 @@ def test_loader_dequantizes_and_skips_with_one_line(mini, caplog):
     assert len(lines) == 1 and "mtp" in lines[0]
     raw = load_file(str(mini / SHARDS[0]))
     name = "layers.21.ffn.experts.5.w2.weight"
-    torch.testing.assert_close(state[name], dequant_fp4_packed(raw[name],
-                                                               raw[name[:-6] + "scale"]))
+    torch.testing.assert_close(state[name], dequant_fp4_packed(raw[name], raw[name[:-6] + "scale"]))
     name = "layers.3.attn.wo_a.weight"
-    torch.testing.assert_close(state[name], dequant_fp8_block(raw[name],
-                                                              raw[name[:-6] + "scale"]))
+    torch.testing.assert_close(state[name], dequant_fp8_block(raw[name], raw[name[:-6] + "scale"]))
     assert state["layers.0.hc_attn_fn"].dtype == torch.float32
     assert not any(n.endswith((".scale", "bias_vl")) or is_skipped(n) for n in state)
 
@@ -113,8 +133,9 @@ def test_wrong_tensor_fails_naming_it(mini, tmp_path):
 
 def test_bounded_replay_runs_with_mhc(model):
     """Replay narrows the mHC state (streams and pre) to the decoder tail."""
-    ids = torch.tensor([0, 5, 17, 200, 3, 99, 45, 45, 45, 7, 300, 12, 8, 8, 401, 2, 33, 64, 128,
-                        256])
+    ids = torch.tensor(
+        [0, 5, 17, 200, 3, 99, 45, 45, 45, 7, 300, 12, 8, 8, 401, 2, 33, 64, 128, 256]
+    )
     F = model.replay_floor_for(len(ids), True)
     assert F == 4
     logits = model(ids, replay_floor=F)

@@ -49,7 +49,7 @@ def fp32(values) -> torch.Tensor:
 
 def probe_values(magnitudes: list[float], seed: int) -> torch.Tensor:
     """Grid points, exact midpoints, their fp32 neighbours, random values and out-of-range ones."""
-    mids = [(a + b) / 2 for a, b in zip(magnitudes, magnitudes[1:])]
+    mids = [(a + b) / 2 for a, b in zip(magnitudes, magnitudes[1:], strict=False)]
     base = fp32(magnitudes + mids)
     up = torch.nextafter(base, fp32(INF))
     down = torch.nextafter(base, fp32(0.0))
@@ -150,7 +150,7 @@ def test_ue8m0_scale_matches_ceil_log2(fmax):
     powers = fmax * torch.exp2(torch.arange(-20, 60, dtype=torch.float32))
     amax = torch.cat((amax, powers, torch.nextafter(powers, fp32(INF)), fp32([0.0, 3e38])))
     scale, byte = ue8m0_scale(amax, fmax)
-    for a, s, b in zip(amax.tolist(), scale.tolist(), byte.tolist()):
+    for a, s, b in zip(amax.tolist(), scale.tolist(), byte.tolist(), strict=False):
         y = float(fp32(max(a, AMAX_FLOOR)) / fmax)  # the fp32 division of the docstring
         k = ceil_log2(y)
         assert b == k + 127 and s == math.ldexp(1.0, k), (a, s, b)

@@ -1,6 +1,7 @@
 """Paged indexer references (kernels/indexer/ref.py) against brute force, the candidate-pool
 property, and the Triton kernels under TRITON_INTERPRET=1 on tiny shapes (in a subprocess, so the
 interpreter setting does not leak into other tests)."""
+
 import os
 import subprocess
 import sys
@@ -152,8 +153,9 @@ print("INTERPRETER_OK")
 def test_triton_kernels_under_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", _INTERP], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERP], env=env, capture_output=True, text=True, timeout=300
+    )
     assert "INTERPRETER_OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
 
 

@@ -8,6 +8,7 @@ attention outputs (fp32 rounding). Then the kernel path's own layer loop generat
 equal to the reference's, and (subprocess, TRITON_INTERPRET=1) with the Triton stores and
 attention forced on, within bf16 error.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,10 +30,12 @@ from sglang_dsv41.reference.model import ReferenceModel  # noqa: E402
 from sglang_dsv41.serving import kernel_path as kp  # noqa: E402
 from sglang_dsv41.serving import layer_loop as kp_loop  # noqa: E402
 from sglang_dsv41.serving.toy import ToyEngine, prompts, serve  # noqa: E402
-from sglang_dsv41.sglang import layer_loop, serving_attention as sa  # noqa: E402
+from sglang_dsv41.sglang import layer_loop  # noqa: E402
+from sglang_dsv41.sglang import serving_attention as sa  # noqa: E402
 
 if sys.modules.get("sglang", 0) is None:  # the imports above ran without SGLang; let
     del sys.modules["sglang"]  # later test modules (upstream parity) import the real one
+
 
 def make_model():
     torch.manual_seed(0)
@@ -51,7 +54,7 @@ def model():
 
 def _pool_equal(a, b, what):
     for name in ("swa",):
-        for i, (x, y) in enumerate(zip(getattr(a, name), getattr(b, name))):
+        for i, (x, y) in enumerate(zip(getattr(a, name), getattr(b, name), strict=False)):
             if x is not None:
                 assert torch.equal(x, y), (what, name, i)
     for name in ("ring", "main", "index_k", "pending"):
@@ -121,8 +124,9 @@ def test_each_step_equals_serving_attention(model, monkeypatch, ring):
     ps = prompts([3, 23, 57], seed=7 + ring)
     W = model.cfg.sliding_window
     floors = [max(0, len(p) - W) for p in ps] if ring else None
-    eng = ToyEngine(model, functools.partial(layer_loop.run_layers, attention=probe),
-                    decoder_ring=ring, seed=3)
+    eng = ToyEngine(
+        model, functools.partial(layer_loop.run_layers, attention=probe), decoder_ring=ring, seed=3
+    )
     serve(eng, ps, 3, chunk=7, floors=floors)
     c = probe.counts
     assert c["compress"] and c["topk"] and c["attend"] and c["entries"] > 20, c
@@ -132,13 +136,13 @@ def test_each_step_equals_serving_attention(model, monkeypatch, ring):
 def test_kernel_layer_loop_generates_reference_tokens(model):
     ps = prompts([1, 20, 41, 66])
     got = serve(ToyEngine(model, kp_loop.run_layers), ps, 4, chunk=9)
-    for p, g in zip(ps, got):
+    for p, g in zip(ps, got, strict=False):
         assert g == model.generate(p, 4, replay=False), len(p)
     ps = prompts([10, 37], seed=9)
     W = model.cfg.sliding_window
     eng = ToyEngine(model, kp_loop.run_layers, decoder_ring=True)
     got = serve(eng, ps, 4, chunk=7, floors=[max(0, len(p) - W) for p in ps])
-    for p, g in zip(ps, got):
+    for p, g in zip(ps, got, strict=False):
         assert g == model.generate(p, 4, replay=True), len(p)
 
 
@@ -165,8 +169,9 @@ def test_kernel_path_under_triton_interpreter():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     code = _INTERP % os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
     assert "INTERP_OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
 
 
@@ -202,6 +207,7 @@ def test_triton_indexer_in_serving_under_interpreter():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     code = _INTERP_INDEXER % os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
     assert "INTERP_OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]

@@ -1,4 +1,6 @@
-"""KV store reference vs brute force, dispatch on CPU, and the Triton store under TRITON_INTERPRET."""
+"""KV store reference vs brute force, dispatch on CPU, and the Triton store under
+TRITON_INTERPRET."""
+
 import os
 import subprocess
 import sys
@@ -47,11 +49,14 @@ def test_record_values_vs_brute_force(norm):
     got = record_values(x, w, 1e-6, cos, sin)
     torch.testing.assert_close(got, _brute_values(x, w, 1e-6, pos, inv), rtol=1e-5, atol=1e-5)
     # the RoPE step is the layers' apply_rope, bit for bit
-    torch.testing.assert_close(record_values(x, None, 0, cos, sin), apply_rope(x, pos, inv),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        record_values(x, None, 0, cos, sin), apply_rope(x, pos, inv), rtol=0, atol=0
+    )
 
 
-@pytest.mark.parametrize("layout,D", [(Layout.V41, 64), (Layout.V41_FP4, 64), (Layout.INDEX_K, 128)])
+@pytest.mark.parametrize(
+    "layout,D", [(Layout.V41, 64), (Layout.V41_FP4, 64), (Layout.INDEX_K, 128)]
+)
 def test_store_ref_scatters_codec_bytes(layout, D):
     T, P = 5, 4
     x = torch.randn(T, D)
@@ -85,8 +90,9 @@ def test_dispatch_on_cpu_is_reference():
     # a cos/sin table read at pos gives the same bytes
     c = torch.full((T, B), POISON, dtype=torch.uint8)
     table = rope_cos_sin(torch.arange(64), inv)
-    store_records(x, c, slots, Layout.INDEX_K, norm_weight=w, eps=1e-6, pos=pos,
-                  cos_sin_cache=table)
+    store_records(
+        x, c, slots, Layout.INDEX_K, norm_weight=w, eps=1e-6, pos=pos, cos_sin_cache=table
+    )
     assert torch.equal(a, c)
 
 
@@ -125,6 +131,7 @@ _INTERP = textwrap.dedent("""
 def test_triton_store_interpreted():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run([sys.executable, "-c", _INTERP], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERP], env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

@@ -1,4 +1,5 @@
 """stable_linear: a row's result does not depend on how many rows or columns share the product."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ def test_rows_do_not_depend_on_batch(threads, k, n):
         torch.testing.assert_close(full, F.linear(x, w), rtol=1e-5, atol=1e-4)
         for m in range(1, 40):
             assert torch.equal(stable_linear(x[:m], w), full[:m]), m
-            assert torch.equal(stable_linear(x[7:7 + m], w), full[7:7 + m]), m
+            assert torch.equal(stable_linear(x[7 : 7 + m], w), full[7 : 7 + m]), m
     finally:
         torch.set_num_threads(old)
 

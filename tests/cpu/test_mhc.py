@@ -1,4 +1,5 @@
 """mHC: hand-computed values, a scalar-loop reference, Sinkhorn convergence, the delayed pre."""
+
 import math
 
 import pytest
@@ -32,8 +33,10 @@ def _scalar_mix(H, fn, base, scale, iters, eps, rms_eps):
     m = [sum(fn[w][k] * x[k] for k in range(S * d)) * r for w in range(len(fn))]
     pre = [_sig(m[j] * scale[0] + base[j]) + eps for j in range(S)]
     post = [2 * _sig(m[S + j] * scale[1] + base[S + j]) for j in range(S)]
-    z = [[m[2 * S + j * S + i] * scale[2] + base[2 * S + j * S + i] for i in range(S)]
-         for j in range(S)]
+    z = [
+        [m[2 * S + j * S + i] * scale[2] + base[2 * S + j * S + i] for i in range(S)]
+        for j in range(S)
+    ]
     c = []
     for row in z:
         mx = max(row)
@@ -69,8 +72,9 @@ def test_hand_computed_zero_fn():
     want = torch.tensor([[[13.0, 0.0, -8.0], [8.0, 0.0, -3.0]]])
     torch.testing.assert_close(out, want, atol=1e-4, rtol=0)
     # collapse with pre = [0.5, 0.75]: 0.5 H_0 + 0.75 H_1
-    torch.testing.assert_close(hc_collapse(H, pre)[0], torch.tensor([4.25, -0.5, 2.25]),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        hc_collapse(H, pre)[0], torch.tensor([4.25, -0.5, 2.25]), atol=1e-5, rtol=0
+    )
 
 
 @pytest.mark.parametrize("S,d,seed", [(2, 3, 0), (4, 5, 1), (4, 8, 2)])
@@ -83,8 +87,9 @@ def test_mix_matches_scalar_loops(S, d, seed):
     scale = torch.rand(3, generator=g) + 0.5
     pre, post, C = hc_mix(H, fn, base, scale, iters=20, hc_eps=EPS, rms_eps=1e-6)
     for t in range(T):
-        p, q, c = _scalar_mix(H[t].tolist(), fn.tolist(), base.tolist(), scale.tolist(), 20,
-                              EPS, 1e-6)
+        p, q, c = _scalar_mix(
+            H[t].tolist(), fn.tolist(), base.tolist(), scale.tolist(), 20, EPS, 1e-6
+        )
         torch.testing.assert_close(pre[t], torch.tensor(p), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(post[t], torch.tensor(q), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(C[t], torch.tensor(c), atol=1e-5, rtol=1e-5)

@@ -4,6 +4,7 @@ Routing: fp32 logits l; s = sqrt(softplus(l)); top-k of s + gate.bias; weights
 s[idx] / sum(s[idx]) * routed_scaling; expert w2(silu(min(w1 x, lim)) * clamp(w3 x, -lim, lim));
 shared expert the same, added unscaled.
 """
+
 import math
 
 import pytest
@@ -16,31 +17,45 @@ from sglang_dsv41.layers.ffn import MoE
 
 def _cfg(**kw):
     cfg = preset("tiny")
-    for k, v in {"n_routed_experts": 8, "num_experts_per_tok": 3, "hidden_size": 16,
-                 "moe_intermediate_size": 8, "routed_scaling_factor": 1.5,
-                 "scoring_func": "sqrtsoftplus", "swiglu_limit": 10.0, **kw}.items():
+    for k, v in {
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 3,
+        "hidden_size": 16,
+        "moe_intermediate_size": 8,
+        "routed_scaling_factor": 1.5,
+        "scoring_func": "sqrtsoftplus",
+        "swiglu_limit": 10.0,
+        **kw,
+    }.items():
         setattr(cfg, k, v)
     return cfg
 
 
 def _expert_loop(e, x, lim):
     """One token through one expert, element by element."""
-    g = [sum(e.w1.weight[i, c].item() * x[c] for c in range(len(x))) for i in range(len(e.w1.weight))]
-    u = [sum(e.w3.weight[i, c].item() * x[c] for c in range(len(x))) for i in range(len(e.w3.weight))]
+    g = [
+        sum(e.w1.weight[i, c].item() * x[c] for c in range(len(x))) for i in range(len(e.w1.weight))
+    ]
+    u = [
+        sum(e.w3.weight[i, c].item() * x[c] for c in range(len(x))) for i in range(len(e.w3.weight))
+    ]
     if lim > 0:
         g = [min(v, lim) for v in g]
         u = [min(max(v, -lim), lim) for v in u]
-    a = [v / (1 + math.exp(-v)) * w for v, w in zip(g, u)]
-    return [sum(e.w2.weight[o, i].item() * a[i] for i in range(len(a)))
-            for o in range(len(e.w2.weight))]
+    a = [v / (1 + math.exp(-v)) * w for v, w in zip(g, u, strict=False)]
+    return [
+        sum(e.w2.weight[o, i].item() * a[i] for i in range(len(a))) for o in range(len(e.w2.weight))
+    ]
 
 
 def _brute_force(moe, x, cfg):
     out = []
     for t in range(x.shape[0]):
         xt = x[t].tolist()
-        logits = [sum(moe.gate.weight[e, c].item() * xt[c] for c in range(len(xt)))
-                  for e in range(cfg.n_routed_experts)]
+        logits = [
+            sum(moe.gate.weight[e, c].item() * xt[c] for c in range(len(xt)))
+            for e in range(cfg.n_routed_experts)
+        ]
         s = [math.sqrt(math.log1p(math.exp(v))) for v in logits]
         biased = [v + moe.gate.bias[e].item() for e, v in enumerate(s)]
         chosen = sorted(range(len(s)), key=lambda e: -biased[e])[: cfg.num_experts_per_tok]
@@ -48,9 +63,12 @@ def _brute_force(moe, x, cfg):
         y = [0.0] * len(xt)
         for e in chosen:
             w = s[e] / total * cfg.routed_scaling_factor
-            y = [a + w * b for a, b in zip(y, _expert_loop(moe.experts[e], xt, cfg.swiglu_limit))]
+            y = [
+                a + w * b
+                for a, b in zip(y, _expert_loop(moe.experts[e], xt, cfg.swiglu_limit), strict=False)
+            ]
         sh = _expert_loop(moe.shared_experts, xt, cfg.swiglu_limit)
-        out.append([a + b for a, b in zip(y, sh)])
+        out.append([a + b for a, b in zip(y, sh, strict=False)])
     return torch.tensor(out)
 
 

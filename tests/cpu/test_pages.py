@@ -52,7 +52,7 @@ def test_slot_of_matches_loop():
     slots = slot_of(page_table, positions, req_idx, P)
     assert slots.dtype == torch.int64 and slots.shape == (T,)
     want = []
-    for p, b in zip(positions.tolist(), req_idx.tolist()):
+    for p, b in zip(positions.tolist(), req_idx.tolist(), strict=False):
         page = page_table[b, p // P].item() if p >= 0 else -1
         want.append(page * P + p % P if page >= 0 else -1)
     assert slots.tolist() == want

@@ -182,7 +182,8 @@ E4M3_GRID = [e4m3_decode(torch.tensor([c], dtype=torch.uint8)).item() for c in r
 
 
 def brute_force_decode(layout: Layout, x: torch.Tensor) -> torch.Tensor:
-    """Per tile, per value, with Python floats: the scale rule, then nearest-with-ties on the grid."""
+    """Per tile, per value, with Python floats: the scale rule, then nearest-with-ties on the
+    grid."""
     out = []
     tile = TILE[layout]
     for row in x.reshape(-1, tile).tolist():

@@ -1,4 +1,5 @@
 """Each piece of the oracle against a brute-force loop or a hand-computed case."""
+
 import math
 
 import pytest
@@ -7,8 +8,13 @@ import torch
 from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.attention import MqaAttentionBase
 from sglang_dsv41.layers.compressor import Compressor, stream_groups
-from sglang_dsv41.layers.index_math import (candidate_blocks, index_scores, pool_mask,
-                                            topk_indices, visible_mask)
+from sglang_dsv41.layers.index_math import (
+    candidate_blocks,
+    index_scores,
+    pool_mask,
+    topk_indices,
+    visible_mask,
+)
 from sglang_dsv41.layers.rope import apply_rope, rope_inv_freq, yarn_inv_freq
 from sglang_dsv41.layers.sparse_attention import sparse_attention
 from sglang_dsv41.presets import tiny
@@ -47,7 +53,7 @@ def test_stream_groups_pending_token_matches_whole_sequence(cfg, chunks):
     want = comp.latents(x)
     got, ids, pending, start = [], [], None, 0
     for n in chunks:
-        c, z = comp.project(x[start:start + n])
+        c, z = comp.project(x[start : start + n])
         cg, zg, eid, pending = stream_groups(2, start, c, z, pending)
         if cg.shape[0]:
             got.append(comp.pool(cg, zg))
@@ -144,8 +150,15 @@ def test_sink_softmax_hand_computed():
     den = e.sum() + math.exp(0.5)  # the sink adds to the denominator only
     want = (e[0] * k_swa[0, 0] + e[1] * k_swa[0, 1] + e[2] * k_top[0, 0]) / den
     torch.testing.assert_close(o[0, 0], want)
-    empty = sparse_attention(q, k_swa, torch.zeros(1, 2, dtype=torch.bool), k_top,
-                             torch.zeros(1, 2, dtype=torch.bool), sink, 0.5)
+    empty = sparse_attention(
+        q,
+        k_swa,
+        torch.zeros(1, 2, dtype=torch.bool),
+        k_top,
+        torch.zeros(1, 2, dtype=torch.bool),
+        sink,
+        0.5,
+    )
     assert torch.all(empty == 0)
 
 
@@ -158,8 +171,10 @@ def test_grouped_output_projection_loop(cfg):
     o_derot = apply_rope(o, pos, attn.inv_freq, inverse=True).reshape(T, -1)
     G, R = cfg.o_groups, cfg.o_lora_rank
     width = o_derot.shape[1] // G
-    parts = [o_derot[:, g * width:(g + 1) * width] @ attn.wo_a.weight[g * R:(g + 1) * R].T
-             for g in range(G)]
+    parts = [
+        o_derot[:, g * width : (g + 1) * width] @ attn.wo_a.weight[g * R : (g + 1) * R].T
+        for g in range(G)
+    ]
     want = torch.cat(parts, 1) @ attn.wo_b.weight.T
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
@@ -169,7 +184,7 @@ def test_rope_interleaved_pairs_and_inverse(cfg):
     x = torch.randn(6, 4, cfg.head_dim)
     pos = torch.tensor([0, 1, 2, 7, 100, 4095])
     y = apply_rope(x, pos, inv)
-    assert torch.equal(y[..., :-cfg.qk_rope_head_dim], x[..., :-cfg.qk_rope_head_dim])
+    assert torch.equal(y[..., : -cfg.qk_rope_head_dim], x[..., : -cfg.qk_rope_head_dim])
     R = cfg.qk_rope_head_dim
     xc = torch.view_as_complex(x[..., -R:].reshape(6, 4, R // 2, 2).contiguous())
     rot = torch.polar(torch.ones(6, R // 2), pos[:, None].float() * inv[None, :])
@@ -187,6 +202,7 @@ def test_yarn_tables():
 
     def corr(n_rot):
         return dim * math.log(65536 / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
     low, high = max(math.floor(corr(32)), 0), min(math.ceil(corr(1)), dim - 1)
     for i in range(dim // 2):
         ramp = min(max((i - low) / (high - low), 0.0), 1.0)

@@ -1,4 +1,5 @@
 """The whole oracle: determinism, bounded replay semantics, generation, CLI."""
+
 import json
 import subprocess
 import sys
@@ -56,8 +57,9 @@ def test_replay_changes_only_the_decoder_tail(model):
 def test_replay_floor_zero_and_short_prompts_equal_full(model):
     ids = _ids(10, 3)  # shorter than the window: the floor is 0
     assert model.replay_floor_for(10, True) == 0
-    assert model.generate(ids.tolist(), 4, replay=True) == model.generate(ids.tolist(), 4,
-                                                                          replay=False)
+    assert model.generate(ids.tolist(), 4, replay=True) == model.generate(
+        ids.tolist(), 4, replay=False
+    )
 
 
 def test_prompt_longer_than_window_topk_and_pool(model):
@@ -87,6 +89,7 @@ def test_fp8_main_kv_selectable(tiny_dir):
     a, b = m(ids), m8(ids)
     assert not torch.equal(a, b) and torch.isfinite(b).all()
     from sglang_dsv41.layers.quant import quant_main_kv
+
     x = torch.randn(64, m.cfg.head_dim)
     err4 = (quant_main_kv(m.cfg, x) - x).norm()
     err8 = (quant_main_kv(m8.cfg, x) - x).norm()
@@ -94,9 +97,23 @@ def test_fp8_main_kv_selectable(tiny_dir):
 
 
 def test_cli_prints_json(tiny_dir):
-    r = subprocess.run([sys.executable, "-m", "sglang_dsv41.reference", "--model", str(tiny_dir),
-                        "--input-ids", "5,6,7,8,9", "--max-new-tokens", "3", "--no-replay"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang_dsv41.reference",
+            "--model",
+            str(tiny_dir),
+            "--input-ids",
+            "5,6,7,8,9",
+            "--max-new-tokens",
+            "3",
+            "--no-replay",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(out["output_ids"]) == 3
@@ -105,9 +122,22 @@ def test_cli_prints_json(tiny_dir):
 
 
 def test_cli_rejects_bad_input(tiny_dir):
-    r = subprocess.run([sys.executable, "-m", "sglang_dsv41.reference", "--model", str(tiny_dir),
-                        "--input-ids", "5,x", "--max-new-tokens", "3"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang_dsv41.reference",
+            "--model",
+            str(tiny_dir),
+            "--input-ids",
+            "5,x",
+            "--max-new-tokens",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "integers" in r.stderr
 
 

@@ -1,4 +1,5 @@
 """The full-size released tensor manifest (DESIGN.md section 8) and the load-time validator."""
+
 import json
 import struct
 
@@ -24,8 +25,13 @@ from sglang_dsv41.weights.release_manifest import (
     release_manifest,
 )
 
-E4M3, UE8M0, I8, BF16, F32 = (torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.int8,
-                              torch.bfloat16, torch.float32)
+E4M3, UE8M0, I8, BF16, F32 = (
+    torch.float8_e4m3fn,
+    torch.float8_e8m0fnu,
+    torch.int8,
+    torch.bfloat16,
+    torch.float32,
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +55,16 @@ def test_released_config_parses(flash_cfg):
 
 # (name, shape, dtype) facts of DESIGN.md section 8
 FACTS = [
-    ("layers.5.attn.wq_a.weight", (1280, 5120), E4M3), ("layers.5.attn.wq_a.scale", (40, 160), UE8M0),
+    ("layers.5.attn.wq_a.weight", (1280, 5120), E4M3),
+    ("layers.5.attn.wq_a.scale", (40, 160), UE8M0),
     ("layers.5.attn.wq_b.weight", (32768, 1280), E4M3),
     ("layers.5.attn.wkv.weight", (512, 5120), E4M3),
-    ("layers.5.attn.wo_a.weight", (8192, 4096), E4M3), ("layers.5.attn.wo_a.scale", (256, 128), UE8M0),
-    ("layers.5.attn.wo_b.weight", (5120, 8192), E4M3), ("layers.5.attn.wo_b.scale", (160, 256), UE8M0),
-    ("layers.5.attn.attn_sink", (64,), F32), ("layers.5.attn.q_norm.weight", (1280,), BF16),
+    ("layers.5.attn.wo_a.weight", (8192, 4096), E4M3),
+    ("layers.5.attn.wo_a.scale", (256, 128), UE8M0),
+    ("layers.5.attn.wo_b.weight", (5120, 8192), E4M3),
+    ("layers.5.attn.wo_b.scale", (160, 256), UE8M0),
+    ("layers.5.attn.attn_sink", (64,), F32),
+    ("layers.5.attn.q_norm.weight", (1280,), BF16),
     ("layers.2.attn.compressor.wkv.weight", (512, 5120), BF16),
     ("layers.2.attn.compressor.wgate.weight", (512, 5120), BF16),
     ("layers.20.attn.compressor.norm.weight", (512,), BF16),
@@ -62,7 +72,8 @@ FACTS = [
     ("layers.2.attn.indexer.k_norm.weight", (128,), BF16),
     ("layers.24.attn.indexer.wq_b.weight", (4096, 1280), E4M3),
     ("layers.24.attn.indexer.weights_proj.weight", (32, 5120), BF16),
-    ("layers.7.ffn.gate.weight", (384, 5120), BF16), ("layers.7.ffn.gate.bias", (384,), F32),
+    ("layers.7.ffn.gate.weight", (384, 5120), BF16),
+    ("layers.7.ffn.gate.bias", (384,), F32),
     ("layers.7.ffn.gate.bias_vl", (384,), F32),
     ("layers.7.ffn.experts.383.w1.weight", (2304, 2560), I8),
     ("layers.7.ffn.experts.383.w1.scale", (2304, 160), UE8M0),
@@ -71,13 +82,16 @@ FACTS = [
     ("layers.7.ffn.experts.0.w2.scale", (5120, 72), UE8M0),
     ("layers.7.ffn.shared_experts.w1.weight", (2304, 5120), E4M3),
     ("layers.7.ffn.shared_experts.w2.scale", (160, 72), UE8M0),
-    ("layers.9.hc_attn_fn", (24, 20480), F32), ("layers.9.hc_ffn_base", (24,), F32),
-    ("layers.9.hc_ffn_scale", (3,), F32), ("layers.9.attn_norm.weight", (5120,), BF16),
+    ("layers.9.hc_attn_fn", (24, 20480), F32),
+    ("layers.9.hc_ffn_base", (24,), F32),
+    ("layers.9.hc_ffn_scale", (3,), F32),
+    ("layers.9.attn_norm.weight", (5120,), BF16),
     ("layers.1.engram.embed.weight", (384006168, 256), E4M3),
     ("layers.1.engram.embed.scale", (384006168, 8), UE8M0),
     ("layers.14.engram.wkv.weight", (25600, 6144), E4M3),
     ("layers.14.engram.q_weight", (4, 5120), BF16),
-    ("embed.weight", (129280, 5120), BF16), ("head.weight", (129280, 5120), BF16),
+    ("embed.weight", (129280, 5120), BF16),
+    ("head.weight", (129280, 5120), BF16),
     ("norm.weight", (5120,), BF16),
 ]
 
@@ -96,13 +110,12 @@ def test_full_size_name_set(manifest):
     assert sum(".compressor.wgate." in n for n in manifest) == 3  # ratio-2 Full: 2, 8, 14
     assert sum(".indexer.wq_b.weight" in n for n in manifest) == 8
     assert sum(".indexer.wk.weight" in n for n in manifest) == 4
-    assert not any(n.startswith(("hc_head", "mtp.", "vision.")) or "tid2eid" in n
-                   for n in manifest)
-    for n, (shape, dtype) in manifest.items():  # every quantized weight has its scale
+    assert not any(n.startswith(("hc_head", "mtp.", "vision.")) or "tid2eid" in n for n in manifest)
+    for n, (_shape, dtype) in manifest.items():  # every quantized weight has its scale
         if dtype in (E4M3, I8):
             assert manifest[n[: -len("weight")] + "scale"][1] == UE8M0
     assert len(manifest) == 93418
-    gib = manifest_bytes(manifest) / 2 ** 30
+    gib = manifest_bytes(manifest) / 2**30
     assert 460 < gib < 475, gib  # text model; vision and the 3 MTP stages are not listed
 
 
@@ -128,9 +141,12 @@ def test_validator_names_each_bad_tensor(flash_cfg, manifest):
     with pytest.raises(WeightFormatError) as e:
         validate_release(found, flash_cfg, "ckpt")
     msg = str(e.value)
-    for bad in ("layers.3.attn.wo_a.weight: dtype torch.bfloat16",
-                "layers.7.ffn.experts.5.w2.scale: shape [5120, 36], expected [5120, 72]",
-                "layers.14.engram.q_weight: missing", "layers.2.attn.wq_c.weight: unexpected"):
+    for bad in (
+        "layers.3.attn.wo_a.weight: dtype torch.bfloat16",
+        "layers.7.ffn.experts.5.w2.scale: shape [5120, 36], expected [5120, 72]",
+        "layers.14.engram.q_weight: missing",
+        "layers.2.attn.wq_c.weight: unexpected",
+    ):
         assert bad in msg
     assert "4 tensor problem" in msg
     assert manifest_problems(manifest, manifest) == []
@@ -139,10 +155,18 @@ def test_validator_names_each_bad_tensor(flash_cfg, manifest):
 def test_header_reader_without_data(tmp_path):
     """The validator reads safetensors headers only: a header-only file with full-size shapes
     (no data behind it) is enough to check names, dtypes and shapes."""
-    header = {"layers.1.engram.embed.weight": {"dtype": "F8_E4M3", "shape": [384006168, 256],
-                                               "data_offsets": [0, 98305579008]},
-              "layers.1.engram.embed.scale": {"dtype": "F8_E8M0", "shape": [384006168, 8],
-                                              "data_offsets": [98305579008, 101377628352]}}
+    header = {
+        "layers.1.engram.embed.weight": {
+            "dtype": "F8_E4M3",
+            "shape": [384006168, 256],
+            "data_offsets": [0, 98305579008],
+        },
+        "layers.1.engram.embed.scale": {
+            "dtype": "F8_E8M0",
+            "shape": [384006168, 8],
+            "data_offsets": [98305579008, 101377628352],
+        },
+    }
     raw = json.dumps(header).encode()
     p = tmp_path / "shard.safetensors"
     p.write_bytes(struct.pack("<Q", len(raw)) + raw)

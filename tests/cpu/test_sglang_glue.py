@@ -1,5 +1,6 @@
 """Unit tests of the SGLang glue that need no SGLang: HF config class, strict weight loading,
 pool geometry vs. allocated buffers, batch rows, the memory report and the serve launcher."""
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,7 @@ def test_hf_config_keeps_arch_and_values():
 
 def test_hf_config_override_args_reach_core():
     c = DeepseekV41HFConfig(**_released(tiny()))
-    setattr(c, "kv_cache_dtype_main", "fp8")  # what --json-model-override-args does
+    c.kv_cache_dtype_main = "fp8"  # what --json-model-override-args does
     assert c.dsv41().kv_cache_dtype_main == "fp8"
 
 
@@ -116,7 +117,9 @@ def test_kv_report_cli_json(tmp_path, capsys):
     rep = json.loads(capsys.readouterr().out)
     cfg = preset("tiny")
     assert rep["cpu_pool_bytes_per_token_slot"] == PoolGeometry(cfg, True).bytes_per_token()
-    assert rep["cpu_pool_ring_bytes_per_request"] == PoolGeometry(cfg, True).ring_bytes_per_request()
+    assert (
+        rep["cpu_pool_ring_bytes_per_request"] == PoolGeometry(cfg, True).ring_bytes_per_request()
+    )
     assert rep["cpu_pool_bytes_per_token_slot_replay_off"] == PoolGeometry(cfg).bytes_per_token()
 
 
@@ -136,19 +139,21 @@ def test_engram_history_windows_match_whole_sequence():
     from sglang_dsv41.sglang.engram_history import EngramHistory
 
     g = torch.Generator().manual_seed(0)
-    seqs = {"a": torch.randint(0, 50, (23,), generator=g), "b": torch.randint(0, 50, (9,),
-                                                                             generator=g)}
+    seqs = {
+        "a": torch.randint(0, 50, (23,), generator=g),
+        "b": torch.randint(0, 50, (9,), generator=g),
+    }
     lookup = lambda rid, pos: [int(seqs[rid][p]) for p in pos]  # noqa: E731
     hist = EngramHistory(3)
     # a: chunks [0, 10), [10, 17), decode 17, 18; b: radix hit at 4, then [4, 9)
     steps = [([("a", 0, 10)]), ([("a", 10, 7), ("b", 4, 5)]), ([("a", 17, 1)]), ([("a", 18, 1)])]
     for step in steps:
         rows = build_rows([p for _, p, _ in step], [n for _, _, n in step])
-        ids = torch.cat([seqs[r][p:p + n] for r, p, n in step])
+        ids = torch.cat([seqs[r][p : p + n] for r, p, n in step])
         rp = [0 if r == "a" else 1 for r, _, _ in step]
         tok, blk = hist.windows(rows, ids, rp, [r for r, _, _ in step], lookup)
         for b, (r, p, n) in enumerate(step):
             st, _ = rows.spans[b]
             want_t, want_b = ngram_windows(seqs[r], torch.arange(len(seqs[r])), 3)
-            assert torch.equal(tok[st:st + n], want_t[p:p + n]), (r, p)
-            assert torch.equal(blk[st:st + n], want_b[p:p + n]), (r, p)
+            assert torch.equal(tok[st : st + n], want_t[p : p + n]), (r, p)
+            assert torch.equal(blk[st : st + n], want_b[p : p + n]), (r, p)

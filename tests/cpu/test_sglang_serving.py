@@ -4,6 +4,7 @@ toy scheduler (paged slots, shuffled pages), against the reference's full recomp
 Covers batched prefill, decode, chunked prefill at odd chunk sizes (ratio-2 pending token),
 a prefix shared through the slot table (radix hit), and decoder bounded replay.
 """
+
 from __future__ import annotations
 
 import sys
@@ -42,7 +43,7 @@ _prompts, _serve = prompts, serve
 def test_batched_prefill_decode_equals_reference(model, chunk):
     prompts = _prompts([1, 3, 20, 41, 66])
     got = _serve(ToyEngine(model), prompts, 5, chunk=chunk)
-    for p, g in zip(prompts, got):
+    for p, g in zip(prompts, got, strict=False):
         assert g == model.generate(p, 5, replay=False), len(p)
 
 
@@ -67,7 +68,7 @@ def test_bounded_replay_equals_reference_with_replay(model):
         eng = ToyEngine(model, decoder_ring=True)
         floors = [max(0, len(p) - W) for p in prompts]
         got = _serve(eng, prompts, 8, chunk=chunk, floors=floors)
-        for p, g in zip(prompts, got):
+        for p, g in zip(prompts, got, strict=False):
             assert g == model.generate(p, 8, replay=True), (len(p), chunk)
 
 
@@ -81,7 +82,7 @@ def test_fp8_main_kv_records():
     eng = ToyEngine(m)
     assert eng.pool.main[1].shape[1] == cfg.head_dim + cfg.head_dim // 32
     prompts = _prompts([9, 30], seed=3)
-    for p, g in zip(prompts, _serve(eng, prompts, 4, chunk=7)):
+    for p, g in zip(prompts, _serve(eng, prompts, 4, chunk=7), strict=False):
         assert g == m.generate(p, 4, replay=False)
 
 
@@ -123,7 +124,7 @@ def test_batched_logits_bitwise_equal_to_reference(model):
             for b, s in enumerate(seqs):
                 assert torch.equal(logits[b], model(torch.tensor(s))[-1]), (len(s), b)
             nxt = logits.argmax(-1).tolist()
-            for s, t in zip(seqs, nxt):
+            for s, t in zip(seqs, nxt, strict=False):
                 s.append(t)
             logits = eng.step([(r, [t]) for r, t in enumerate(nxt, start=1)])
     finally:

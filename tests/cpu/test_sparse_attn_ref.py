@@ -1,4 +1,6 @@
-"""Sparse attention reference vs brute force, slot-list helpers, CPU dispatch, interpreted Triton."""
+"""Sparse attention reference vs brute force, slot-list helpers, CPU dispatch, interpreted
+Triton."""
+
 import math
 import os
 import subprocess
@@ -18,7 +20,8 @@ from sglang_dsv41.kv.records import Layout, pack, unpack
 
 
 def _brute(q, swa, sw, kv, tk, layout, sink, scale):
-    """Per token and head: explicit entry list, one softmax in float64, sink unscaled with value 0."""
+    """Per token and head: explicit entry list, one softmax in float64, sink unscaled with value
+    0."""
     T, H, D = q.shape
     out = torch.zeros(T, H, D, dtype=torch.float64)
     for t in range(T):
@@ -32,7 +35,7 @@ def _brute(q, swa, sw, kv, tk, layout, sink, scale):
             m = max(logits + extra)
             w = [math.exp(v - m) for v in logits]
             den = sum(w) + sum(math.exp(v - m) for v in extra)
-            for wi, k in zip(w, keys):
+            for wi, k in zip(w, keys, strict=False):
                 out[t, h] += wi / den * k.double()
     return out
 
@@ -57,16 +60,18 @@ def test_reference_vs_brute_force(layout, with_sink):
     sink = torch.randn(q.shape[1]) if with_sink else None
     scale = q.shape[-1] ** -0.5
     ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, scale, torch.float64, chunk=3)
-    torch.testing.assert_close(ref, _brute(q, swa, sw, kv, tk, layout, sink, scale),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        ref, _brute(q, swa, sw, kv, tk, layout, sink, scale), rtol=1e-5, atol=1e-6
+    )
     assert (ref[2] == 0).all()
 
 
 def test_sink_lowers_the_mass():
     q, swa, sw, kv, tk = _case()
     o0 = sparse_attention_ref(q, swa, sw, kv, tk, Layout.V41_FP4, None, None, torch.float32)
-    big = sparse_attention_ref(q, swa, sw, kv, tk, Layout.V41_FP4, torch.full((3,), 60.0), None,
-                               torch.float32)
+    big = sparse_attention_ref(
+        q, swa, sw, kv, tk, Layout.V41_FP4, torch.full((3,), 60.0), None, torch.float32
+    )
     assert o0[0].abs().sum() > 0 and big.abs().max() < 1e-12
 
 
@@ -132,6 +137,7 @@ _INTERP = textwrap.dedent("""
 def test_triton_attention_interpreted():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run([sys.executable, "-c", _INTERP], env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERP], env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

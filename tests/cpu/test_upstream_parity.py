@@ -3,6 +3,7 @@
 Guards the facts DESIGN.md section 8 takes from public ports: the mixing/Sinkhorn split, the
 compressed token map, primes, multipliers, hash rows and the Engram gate.
 """
+
 import numpy as np
 import pytest
 import torch
@@ -35,8 +36,9 @@ def test_engram_layout_and_hash():
         engram_vocab_size, engram_num_embeddings, engram_head_dim = 16_000_000, [0, 0], 256
 
     layout = up.EngramLayout.from_config(Cfg)
-    assert [[list(k) for k in layer] for layer in layout.primes] == \
-        ours.engram_primes(2, 4, 8, 16_000_000)
+    assert [[list(k) for k in layer] for layer in layout.primes] == ours.engram_primes(
+        2, 4, 8, 16_000_000
+    )
     want = up.compute_hash_multipliers((1, 14), 4, 99092)
     assert torch.equal(want, torch.stack([ours.engram_multipliers(i, 4, 99092) for i in (1, 14)]))
 
@@ -49,8 +51,9 @@ def test_engram_layout_and_hash():
     flat = [[p for k in layer for p in k] for layer in primes]
     offsets = torch.tensor(np.array([np.cumsum([0, *s[:-1]]) for s in flat]))
     mult = up.compute_hash_multipliers((1, 14), 4, 300)
-    theirs = up.compute_engram_hash_ids(tok, blk, int(token_map[2]), token_map, mult,
-                                        torch.tensor(primes), offsets)
+    theirs = up.compute_engram_hash_ids(
+        tok, blk, int(token_map[2]), token_map, mult, torch.tensor(primes), offsets
+    )
 
     class Mini:
         engram_layer_ids, engram_max_ngram_size, engram_n_heads = [1, 14], 4, 2
@@ -77,5 +80,6 @@ def test_engram_gate():
     T, S, d = 16, 4, 32
     H, kv = torch.randn(T, S, d, generator=g), torch.randn(T, (S + 1) * d, generator=g)
     qw, kw = torch.randn(S, d, generator=g), torch.randn(S, d, generator=g)
-    torch.testing.assert_close(ours.engram_gate(H, kv, qw, kw, 1e-20),
-                               up.engram_gate(H, kv, qw, kw, 1e-20, 1e-6))
+    torch.testing.assert_close(
+        ours.engram_gate(H, kv, qw, kw, 1e-20), up.engram_gate(H, kv, qw, kw, 1e-20, 1e-6)
+    )

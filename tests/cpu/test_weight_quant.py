@@ -1,4 +1,5 @@
 """FP8 32x32-block, packed-FP4 and FP8-row weight formats against hand-built blocks."""
+
 import pytest
 import torch
 
@@ -62,7 +63,7 @@ def test_fp8_rows_hand_built():
     w = dequant_fp8_rows(codes.view(torch.float8_e4m3fn), scale)
     want = torch.ones(3, 64)
     want[0, 32:] = 2.0
-    want[1, :32] = 2.0 ** -7
+    want[1, :32] = 2.0**-7
     want[2, 32:] = 128.0
     assert torch.equal(w, want)
 
@@ -79,7 +80,7 @@ def test_fp8_block_round_trip(shape):
     sc = s.view(torch.uint8).float().sub(127).exp2()
     bound = sc.repeat_interleave(32, 0)[: shape[0]].repeat_interleave(32, 1)[:, : shape[1]]
     assert ((back - w).abs() <= bound * 16 + 1e-30).all()
-    assert ((back - w).abs() <= w.abs() * 2 ** -4 + bound * 2 ** -9).all()
+    assert ((back - w).abs() <= w.abs() * 2**-4 + bound * 2**-9).all()
 
 
 def test_fp4_round_trip_and_grid():
@@ -93,12 +94,13 @@ def test_fp4_round_trip_and_grid():
     mags = (back / sc).abs()
     assert torch.isin(mags, grid).all()  # every value on the e2m1 grid
     assert ((back - w).abs() <= sc * 1.0 + 1e-7).all()  # half the widest grid gap (2)
-    assert (w.abs().view(8, 2, 32).amax(-1) <= 6 * s.view(torch.uint8).float().sub(127)
-            .exp2()).all()
+    assert (
+        w.abs().view(8, 2, 32).amax(-1) <= 6 * s.view(torch.uint8).float().sub(127).exp2()
+    ).all()
 
 
 def test_fp8_rows_round_trip():
     w = torch.randn(4, 64) * 3
     q, s = quant_fp8_rows(w)
     back = dequant_fp8_rows(q, s)
-    assert ((back - w).abs() <= w.abs() * 2 ** -4 + 1e-6).all()
+    assert ((back - w).abs() <= w.abs() * 2**-4 + 1e-6).all()

@@ -1,15 +1,14 @@
 """End-to-end fixtures: one tiny checkpoint per session, one server per configuration (module
 scope), and the reference's greedy outputs (computed once per prompt and replay mode)."""
+
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
-
 from e2e.server import Server
 
 MAX_NEW = 6
@@ -18,8 +17,20 @@ MAX_NEW = 6
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt") / "tiny"
-    subprocess.run([sys.executable, "-m", "sglang_dsv41.tools.make_checkpoint", "--preset", "tiny",
-                    "--out", str(out)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang_dsv41.tools.make_checkpoint",
+            "--preset",
+            "tiny",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return str(out)
 
 
@@ -37,13 +48,13 @@ class Oracle:
 
         self.model = load_reference(path)
         self.vocab = self.model.cfg.vocab_size
-
-    @functools.lru_cache(maxsize=None)
-    def _gen(self, ids: tuple, n: int, replay: bool) -> tuple:
-        return tuple(self.model.generate(list(ids), n, replay=replay))
+        self._done = {}
 
     def generate(self, ids, n: int = MAX_NEW, replay: bool = False) -> list:
-        return list(self._gen(tuple(ids), n, replay))
+        key = (tuple(ids), n, replay)
+        if key not in self._done:
+            self._done[key] = self.model.generate(list(ids), n, replay=replay)
+        return list(self._done[key])
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ The server runs in its own process group; `stop()` ends that group (the launcher
 SGLang child it spawned) and nothing else. Its output goes to a log file the tests read (to
 check which classes served).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,9 @@ def post(url: str, body, timeout: float = 120.0, raw: bool = False):
 
 def post_stream(url: str, body, timeout: float = 120.0) -> list:
     """POST with stream=true -> list of parsed `data:` events (without [DONE])."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     events = []
     with urllib.request.urlopen(req, timeout=timeout) as r:
         for line in r:
@@ -60,12 +62,29 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir,
-               "--device", "cpu", "--host", "127.0.0.1", "--port", str(self.port),
-               "--sleep-on-idle", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            model_dir,
+            "--device",
+            "cpu",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--sleep-on-idle",
+            *args,
+        ]
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -91,9 +110,15 @@ class Server:
             return f.read()
 
     def generate(self, input_ids, max_new_tokens: int, **extra):
-        body = {"input_ids": list(input_ids),
-                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
-                                    "ignore_eos": True, **extra}}
+        body = {
+            "input_ids": list(input_ids),
+            "sampling_params": {
+                "max_new_tokens": max_new_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                **extra,
+            },
+        }
         status, out = post(self.url + "/generate", body)
         assert status == 200, (status, out)
         return out

@@ -1,20 +1,28 @@
 """Replay off, chunked prefill forced small (38 tokens; SGLang needs a multiple of the page size),
 mixed batches (`--enable-mixed-chunk`: prefill chunks share forwards with decodes) and forced
 retraction (SGLANG_TEST_RETRACT): same outputs as the reference."""
+
 from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from e2e.conftest import MAX_NEW, RETRACT_ENV, RETRACTED, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_dir):
-    s = start_server(tmp_path_factory, tiny_dir, "chunked", "--no-enable-decoder-swa-bounded-replay",
-                     "--chunked-prefill-size", "38", "--enable-mixed-chunk", env=RETRACT_ENV)
+    s = start_server(
+        tmp_path_factory,
+        tiny_dir,
+        "chunked",
+        "--no-enable-decoder-swa-bounded-replay",
+        "--chunked-prefill-size",
+        "38",
+        "--enable-mixed-chunk",
+        env=RETRACT_ENV,
+    )
     yield s
     s.stop()
 
@@ -22,7 +30,7 @@ def server(tmp_path_factory, tiny_dir):
 def test_chunked_prefill_equals_reference(server, oracle, prompts):
     with ThreadPoolExecutor(4) as ex:
         outs = list(ex.map(lambda p: server.generate(p, MAX_NEW)["output_ids"], prompts))
-    for p, got in zip(prompts, outs):
+    for p, got in zip(prompts, outs, strict=False):
         assert got == oracle.generate(p, MAX_NEW, replay=False), f"prompt of {len(p)} tokens"
     log = server.log()
     assert "chunked_prefill_size': 38" in log and "'enable_mixed_chunk': True" in log

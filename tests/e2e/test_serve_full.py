@@ -2,12 +2,12 @@
 
 One server (`--no-enable-decoder-swa-bounded-replay`) for the whole module.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from e2e.conftest import MAX_NEW, start_server
 from e2e.server import post, post_stream
 
@@ -39,7 +39,7 @@ def test_greedy_equals_reference_16_in_flight(server, oracle, prompts):
     """20 prompts (beyond window, top-k and candidate pool), 16 requests in flight at once."""
     with ThreadPoolExecutor(16) as ex:
         outs = list(ex.map(lambda p: server.generate(p, MAX_NEW)["output_ids"], prompts))
-    for p, got in zip(prompts, outs):
+    for p, got in zip(prompts, outs, strict=False):
         assert got == oracle.generate(p, MAX_NEW, replay=False), f"prompt of {len(p)} tokens"
     assert "#running-req: 1" in server.log()
 
@@ -62,35 +62,50 @@ def test_openai_completions_and_chat(server, oracle, prompts):
     assert status == 200, out
     text = out["choices"][0]["text"]
     assert out["usage"]["completion_tokens"] == len(ref) or out["choices"][0]["finish_reason"]
-    status, gen = post(server.url + "/generate", {"input_ids": p, "sampling_params": {
-        "max_new_tokens": 8, "temperature": 0}})
+    status, gen = post(
+        server.url + "/generate",
+        {"input_ids": p, "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
+    )
     assert gen["output_ids"] == ref[: len(gen["output_ids"])]
     assert text == gen["text"]
     events = post_stream(server.url + "/v1/completions", {**body, "stream": True})
     assert "".join(e["choices"][0].get("text") or "" for e in events) == text
 
-    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there, how are you?"}],
-            "max_tokens": 8, "temperature": 0}
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hello there, how are you?"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
     status, out = post(server.url + "/v1/chat/completions", chat)
     assert status == 200, out
     content = out["choices"][0]["message"]["content"] or ""
     events = post_stream(server.url + "/v1/chat/completions", {**chat, "stream": True})
-    streamed = "".join((e["choices"][0]["delta"].get("content") or "") for e in events
-                       if e.get("choices"))
+    streamed = "".join(
+        (e["choices"][0]["delta"].get("content") or "") for e in events if e.get("choices")
+    )
     assert streamed == content
     assert out["usage"]["completion_tokens"] >= 1
 
 
-@pytest.mark.parametrize("url,body", [
-    ("/generate", {"input_ids": [], "sampling_params": {"max_new_tokens": 4}}),
-    ("/v1/completions", {"model": "tiny", "prompt": "", "max_tokens": 4}),
-    ("/generate", {"input_ids": [5] * 5000, "sampling_params": {"max_new_tokens": 4}}),
-    ("/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4,
-                                                               "temperature": -1}}),
-    ("/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "top_p": 2}}),
-    ("/v1/completions", {"model": "tiny", "prompt": [5, 6], "max_tokens": -3}),
-    ("/v1/chat/completions", b"{not json"),
-])
+@pytest.mark.parametrize(
+    "url,body",
+    [
+        ("/generate", {"input_ids": [], "sampling_params": {"max_new_tokens": 4}}),
+        ("/v1/completions", {"model": "tiny", "prompt": "", "max_tokens": 4}),
+        ("/generate", {"input_ids": [5] * 5000, "sampling_params": {"max_new_tokens": 4}}),
+        (
+            "/generate",
+            {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "temperature": -1}},
+        ),
+        (
+            "/generate",
+            {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "top_p": 2}},
+        ),
+        ("/v1/completions", {"model": "tiny", "prompt": [5, 6], "max_tokens": -3}),
+        ("/v1/chat/completions", b"{not json"),
+    ],
+)
 def test_malformed_requests_get_4xx(server, oracle, prompts, url, body):
     raw = isinstance(body, bytes)
     status, out = post(server.url + url, body, raw=raw)

@@ -2,6 +2,7 @@
 role, mHC streams, Engram on layers 1 and 14, FP8/FP4 weights with scales, vision/MTP tensors to
 skip. Served with the default replay on (`--dtype float32` to compare with the fp32 reference);
 requests one at a time (see docs/serving.md on fp32 batch-shape effects)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,7 +10,6 @@ import sys
 
 import pytest
 import torch
-
 from e2e.server import Server
 
 NEW = 5
@@ -18,8 +18,20 @@ NEW = 5
 @pytest.fixture(scope="module")
 def release_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt") / "flash-mini"
-    subprocess.run([sys.executable, "-m", "sglang_dsv41.tools.release_checkpoint", "--preset",
-                    "flash-mini", "--out", str(out)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang_dsv41.tools.release_checkpoint",
+            "--preset",
+            "flash-mini",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return str(out)
 
 

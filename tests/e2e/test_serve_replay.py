@@ -1,13 +1,13 @@
 """Default server: decoder SWA bounded replay on; outputs equal the reference with replay, also
 when requests are retracted and re-prefilled (SGLANG_TEST_RETRACT), and a radix hit never reuses
 decoder state written by a replay."""
+
 from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from e2e.conftest import MAX_NEW, RETRACT_ENV, RETRACTED, start_server
 
 
@@ -26,12 +26,14 @@ def test_replay_equals_reference_with_replay(server, oracle, prompts):
     chosen = prompts[::2]
     with ThreadPoolExecutor(8) as ex:
         outs = list(ex.map(lambda p: server.generate(p, MAX_NEW)["output_ids"], chosen))
-    for p, got in zip(chosen, outs):
+    for p, got in zip(chosen, outs, strict=False):
         assert got == oracle.generate(p, MAX_NEW, replay=True), f"prompt of {len(p)} tokens"
     assert re.search(RETRACTED, server.log())
     # The approximation shows on these prompts, so a server that ignored replay would fail.
-    assert any(oracle.generate(p, MAX_NEW, replay=True) != oracle.generate(p, MAX_NEW, replay=False)
-               for p in chosen)
+    assert any(
+        oracle.generate(p, MAX_NEW, replay=True) != oracle.generate(p, MAX_NEW, replay=False)
+        for p in chosen
+    )
 
 
 def test_replay_radix_hit(server, oracle, prompts):

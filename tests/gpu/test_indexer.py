@@ -4,6 +4,7 @@ Fresh random pools (shuffled pages, random e2m1 codes and UE8M0 scales, FP4 quer
 index sets must equal the reference's up to ties within the computed rounding bound, with -1
 padding and visibility exact (kernels/indexer/testing.py).
 """
+
 import pytest
 import torch
 
@@ -13,8 +14,13 @@ from sglang_dsv41.kernels.indexer import testing as tt
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 # (T, B, n_max, P, seed): decode batches, a partial last page, tiny and empty rows.
-CASES = [(1, 1, 20000, 64, 1), (8, 8, 4096, 64, 2), (6, 3, 3000, 16, 3), (5, 2, 700, 32, 4),
-         (4, 4, 37, 8, 5)]
+CASES = [
+    (1, 1, 20000, 64, 1),
+    (8, 8, 4096, 64, 2),
+    (6, 3, 3000, 16, 3),
+    (5, 2, 700, 32, 4),
+    (4, 4, 37, 8, 5),
+]
 
 
 def _ops():
@@ -58,8 +64,9 @@ def test_full_topk_prefill_ratio2():
     c["req_ids"].zero_()
     a = tt.case_args(c)
     ids = _ops().full_topk(*a, topk=512)
-    tt.check_selection(ids, ref.full_topk_ref(*a, topk=512), ref.paged_scores(*a),
-                       tt.rounding_bound(c))
+    tt.check_selection(
+        ids, ref.full_topk_ref(*a, topk=512), ref.paged_scores(*a), tt.rounding_bound(c)
+    )
 
 
 @pytest.mark.parametrize("T,B,n_max,P,seed", CASES)
@@ -98,12 +105,14 @@ def test_dispatch_uses_triton():
     c = _case(2, 2, 5000, 64, 9)
     a = tt.case_args(c)
     assert use_triton(c["qI"].device) == (torch.cuda.get_device_capability() >= (9, 0))
-    tt.check_selection(indexer.full_topk(*a), ref.full_topk_ref(*a), ref.paged_scores(*a),
-                       tt.rounding_bound(c))
+    tt.check_selection(
+        indexer.full_topk(*a), ref.full_topk_ref(*a), ref.paged_scores(*a), tt.rounding_bound(c)
+    )
 
 
-@pytest.mark.parametrize("T,M,k", [(3, 16384, 512), (2, 4096, 2048), (2, 300, 512),
-                                   (2, 131072, 2048), (1, 200000, 512)])
+@pytest.mark.parametrize(
+    "T,M,k", [(3, 16384, 512), (2, 4096, 2048), (2, 300, 512), (2, 131072, 2048), (1, 200000, 512)]
+)
 def test_topk_rows_matches_oracle(T, M, k):
     """Exact values are copied, so the set equals the stable oracle's exactly (ties included)."""
     from sglang_dsv41.kernels.indexer.select import topk_rows
@@ -130,8 +139,9 @@ def test_grouped_prefill_scan(group, force):
 
     pos = torch.cat([torch.arange(5000, 5000 + 3 * group), torch.arange(100, 100 + 2 * group - 3)])
     c = _case(pos.numel(), 2, 2600, 64, 11 + group, lengths=[2600, 2600], n_visible=(pos + 1) // 2)
-    c["req_ids"] = torch.tensor([1] * (3 * group) + [0] * (2 * group - 3), dtype=torch.int32,
-                                device="cuda")
+    c["req_ids"] = torch.tensor(
+        [1] * (3 * group) + [0] * (2 * group - 3), dtype=torch.int32, device="cuda"
+    )
     assert ops.groupable(c["req_ids"], group)
     a = tt.case_args(c)
     scores, tol = ref.paged_scores(*a), tt.rounding_bound(c)
@@ -141,8 +151,7 @@ def test_grouped_prefill_scan(group, force):
     assert torch.equal(out == float("inf"), key == float("inf"))
     fin = torch.isfinite(key)
     assert ((out[fin] - key[fin]).abs() <= tol[:, None].expand_as(key)[fin]).all()
-    tt.check_selection(ops.full_topk(*a, topk=512, group=group), ref.full_topk_ref(*a), scores,
-                       tol)
+    tt.check_selection(ops.full_topk(*a, topk=512, group=group), ref.full_topk_ref(*a), scores, tol)
     ids, pool = ops.candidate_source(*a, topk=512, pool_blocks=2048, group=group)
     rids, rpool = ref.candidate_source_ref(*a, topk=512, pool_blocks=2048)
     tt.check_selection(ids, rids, scores, tol)

@@ -1,4 +1,6 @@
-"""Triton KV stores on the GPU: bytes equal to the CPU codecs (kv.records) via the torch reference."""
+"""Triton KV stores on the GPU: bytes equal to the CPU codecs (kv.records) via the torch
+reference."""
+
 import pytest
 import torch
 
@@ -9,7 +11,8 @@ from sglang_dsv41.kv.records import Layout, record_bytes
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or device_capability(torch.device("cuda")) < (9, 0),
-    reason="needs an SM90+ GPU")
+    reason="needs an SM90+ GPU",
+)
 
 DEV = torch.device("cuda")
 POISON = 0xFF  # NaN bytes in every format: an unwritten slot that is read shows up
@@ -24,8 +27,15 @@ def _rows(T, D, dtype, nan):
     return x.to(dtype)
 
 
-@pytest.mark.parametrize("layout,D,R", [(Layout.V41, 512, 64), (Layout.V41_FP4, 512, 64),
-                                        (Layout.INDEX_K, 128, 64), (Layout.V41, 64, 16)])
+@pytest.mark.parametrize(
+    "layout,D,R",
+    [
+        (Layout.V41, 512, 64),
+        (Layout.V41_FP4, 512, 64),
+        (Layout.INDEX_K, 128, 64),
+        (Layout.V41, 64, 16),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("rope", ["none", "inv_freq", "table"])

@@ -15,6 +15,7 @@ case runs decoder bounded replay (rings).
    CPU path does with its queries rounded to bf16 (docs/gpu_serving.md).
 DSV41_GPU_REPORT=path writes the numbers as JSON.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,8 +29,9 @@ import torch
 
 # DSV41_GPU_TEST_DEVICE=cpu dry-runs the plumbing here (the dispatchers then run their refs)
 DEVICE = os.environ.get("DSV41_GPU_TEST_DEVICE", "cuda")
-pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(),
-                                reason="needs CUDA")
+pytestmark = pytest.mark.skipif(
+    DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs CUDA"
+)
 
 
 def _sync():
@@ -76,6 +78,7 @@ def _launch_counts(monkeypatch):
         def counted(*a, **k):
             counts[key] += 1
             return fn(*a, **k)
+
         monkeypatch.setattr(mod, name, counted)
 
     wrap(ks_tri, "store_records", "store")
@@ -86,9 +89,9 @@ def _launch_counts(monkeypatch):
 def _compare(ref, prompts, got, new, replay):
     """Per prompt: first mismatch index (or None) and the reference's logit gap there."""
     rows = []
-    for p, g in zip(prompts, got):
+    for p, g in zip(prompts, got, strict=False):
         want = ref.generate(p, new, replay=replay)
-        k = next((j for j, (a, b) in enumerate(zip(g, want)) if a != b), None)
+        k = next((j for j, (a, b) in enumerate(zip(g, want, strict=False)) if a != b), None)
         gap = None
         if k is not None:
             F = ref.replay_floor_for(len(p), replay)
@@ -115,8 +118,15 @@ class Probe:
 
     def __init__(self, monkeypatch):
         self.mp = monkeypatch
-        self.stats = {"compress": 0, "swa": 0, "attend": 0, "byte_diffs": 0, "bytes": 0,
-                      "slot_diffs": 0, "attn_rel_err_max": 0.0}
+        self.stats = {
+            "compress": 0,
+            "swa": 0,
+            "attend": 0,
+            "byte_diffs": 0,
+            "bytes": 0,
+            "slot_diffs": 0,
+            "attn_rel_err_max": 0.0,
+        }
 
     def _ref(self, on):
         if on:
@@ -185,10 +195,12 @@ def test_kernels_equal_references_inside_serving(models, report, monkeypatch, ca
     counts = _launch_counts(monkeypatch)
     probe = Probe(monkeypatch)
     from sglang_dsv41.sglang.layer_loop import run_layers
+
     ps, chunk, floors, _, ring = _case(ref, case)
     run = functools.partial(run_layers, attention=probe)
-    serve(ToyEngine(dev_model, run, device=dev, decoder_ring=ring), ps, 4,
-          chunk=chunk, floors=floors)
+    serve(
+        ToyEngine(dev_model, run, device=dev, decoder_ring=ring), ps, 4, chunk=chunk, floors=floors
+    )
     report["probe_" + case] = {**probe.stats, "launches": dict(counts)}
     print(case, probe.stats, counts)
     st = probe.stats
@@ -213,7 +225,7 @@ def _forced(model, dev, ps, chunk, floors, ring, tokens):
             take, todo[r] = todo[r][:chunk], todo[r][chunk:]
             work.append((r, take))
         logits = eng.step(work, [floors[r - 1] for r, _ in work] if floors else None).cpu()
-        for (r, _), row in zip(work, logits):
+        for (r, _), row in zip(work, logits, strict=False):
             if not todo[r]:
                 last[r] = row
                 del todo[r]
@@ -241,24 +253,33 @@ def test_kernel_path_against_cpu_reference(models, report, monkeypatch, case):
             monkeypatch.setenv("DSV41_FORCE_REF", "1")
         _sync()
         t0 = time.perf_counter()
-        got = serve(ToyEngine(dev_model, layer_loop.run_layers, device=dev, decoder_ring=ring),
-                    ps, new, chunk=chunk, floors=floors)
+        got = serve(
+            ToyEngine(dev_model, layer_loop.run_layers, device=dev, decoder_ring=ring),
+            ps,
+            new,
+            chunk=chunk,
+            floors=floors,
+        )
         _sync()
         wall = time.perf_counter() - t0
         free = _compare(ref, ps, got, new, replay)
         gpu = _forced(dev_model, dev, ps, chunk, floors, ring, want)
         agree, flips = 0, []
-        for lc, lg in zip(cpu, gpu):
+        for lc, lg in zip(cpu, gpu, strict=False):
             a, b = lc.argmax(-1), lg.argmax(-1)
             agree += int((a == b).sum())
             for j in (a != b).nonzero().flatten().tolist():
                 flips.append(float(lc[j, a[j]] - lc[j, b[j]]))
         n = sum(lc.shape[0] for lc in cpu)
-        res[name] = {"free_running": [(r["len"], r["mismatch"], r["gap"]) for r in free],
-                     "forced_agree": f"{agree}/{n}", "forced_flip_gaps": flips,
-                     "max_abs_logit_diff": max(float((a - b).abs().max())
-                                               for a, b in zip(cpu, gpu)),
-                     "serve_s": wall}
+        res[name] = {
+            "free_running": [(r["len"], r["mismatch"], r["gap"]) for r in free],
+            "forced_agree": f"{agree}/{n}",
+            "forced_flip_gaps": flips,
+            "max_abs_logit_diff": max(
+                float((a - b).abs().max()) for a, b in zip(cpu, gpu, strict=False)
+            ),
+            "serve_s": wall,
+        }
         monkeypatch.delenv("DSV41_FORCE_REF", raising=False)
     report["e2e_" + case] = res
     print(case, json.dumps(res))

@@ -4,17 +4,23 @@ Bar (flash-attention's Hopper rule): error <= 2x the error of plain bf16 torch, 
 against the fp32 reference. Pools are poisoned with 0xFF (NaN in every record format) and only
 the referenced slots are written by the store kernel, so a read of an unwritten slot fails.
 """
+
 import pytest
 import torch
 
 from sglang_dsv41.kernels.dispatch import device_capability
 from sglang_dsv41.kernels.kv_store import store_records
-from sglang_dsv41.kernels.sparse_attn import sparse_attention, sparse_attention_ref, swa_window_slots
+from sglang_dsv41.kernels.sparse_attn import (
+    sparse_attention,
+    sparse_attention_ref,
+    swa_window_slots,
+)
 from sglang_dsv41.kv.records import Layout, record_bytes
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or device_capability(torch.device("cuda")) < (9, 0),
-    reason="needs an SM90+ GPU")
+    reason="needs an SM90+ GPU",
+)
 
 DEV = torch.device("cuda")
 
@@ -39,7 +45,7 @@ def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0):
     sw = swa_window_slots(req_to_slot, req_index, pos, W, floor)
     n_kv = B * ctx
     tk = torch.randint(0, n_kv, (T, TOPK), device=DEV, dtype=torch.int32)
-    tk[min(1, T - 1), TOPK // 3:] = -1  # top-k larger than the visible entries
+    tk[min(1, T - 1), TOPK // 3 :] = -1  # top-k larger than the visible entries
     if T > 2:
         sw[2] = -1
         tk[2] = -1  # sees nothing but the sink
@@ -54,8 +60,9 @@ def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0):
 
 def _check(q, swa, sw, kv, tk, layout, sink, **launch):
     ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32)
-    bf = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32,
-                              compute_dtype=torch.bfloat16)
+    bf = sparse_attention_ref(
+        q, swa, sw, kv, tk, layout, sink, None, torch.float32, compute_dtype=torch.bfloat16
+    )
     out = sparse_attention(q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, **launch)
     assert torch.isfinite(out).all()
     err = ((out - ref).norm() / ref.norm()).item()
@@ -75,13 +82,25 @@ def test_decode_and_prefill_shapes(layout, H, T):
 
 
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-@pytest.mark.parametrize("block_h,block_n,num_warps", [(64, 32, 8), (64, 16, 8), (16, 16, 4),
-                                                       (16, 32, 4), (32, 32, 8)])
+@pytest.mark.parametrize(
+    "block_h,block_n,num_warps", [(64, 32, 8), (64, 16, 8), (16, 16, 4), (16, 32, 4), (32, 32, 8)]
+)
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_splits_and_tiles_agree(layout, block_h, block_n, num_warps, num_splits):
     q, swa, sw, kv, tk, sink = make_case(4, 64, 512, 128, 512, layout, floor_every=2)
-    _check(q, swa, sw, kv, tk, layout, sink, num_splits=num_splits, block_h=block_h,
-           block_n=block_n, num_warps=num_warps)
+    _check(
+        q,
+        swa,
+        sw,
+        kv,
+        tk,
+        layout,
+        sink,
+        num_splits=num_splits,
+        block_h=block_h,
+        block_n=block_n,
+        num_warps=num_warps,
+    )
 
 
 def test_small_head_dim_no_sink_bf16_out():
@@ -121,12 +140,12 @@ def test_exact_path_fp32_q(layout, H, D, T):
     the H200 inside tests/gpu/test_serving_gpu.py. At D = 512 its fp32 [64, 512] tiles did not
     finish compiling and running within 140 s there, so D = 512 is left out here.
     """
-    q, swa, sw, kv, tk, sink = make_case(T, H, D, 16 if D < 512 else 128, 64, layout,
-                                         floor_every=3)
+    q, swa, sw, kv, tk, sink = make_case(T, H, D, 16 if D < 512 else 128, 64, layout, floor_every=3)
     q = torch.randn(T, H, D, device=DEV)
     ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32)
     for splits in (1, 3):
-        out = sparse_attention(q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32,
-                               num_splits=splits)
+        out = sparse_attention(
+            q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, num_splits=splits
+        )
         err = ((out - ref).norm() / ref.norm()).item()
         assert err < 2e-6, (splits, err)
