@@ -217,6 +217,13 @@ class DeepseekV41Config:
     def rope_dim(self) -> int:
         return self.qk_rope_head_dim
 
+    @property
+    def main_kv_layout(self):
+        """The main-KV record layout: V41_FP4 (288 B at D = 512) or V41 (528 B) for "fp8"."""
+        from sglang_dsv41.kv.records import Layout
+
+        return Layout.V41_FP4 if self.kv_cache_dtype_main == "fp4" else Layout.V41
+
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Raise ConfigError naming the field and layer of the first problem found."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sglang_dsv41.layers.window import swa_window
+
 
 def swa_window_slots(
     req_to_slot: Tensor, req_index: Tensor, pos: Tensor, window: int, floor: Tensor | None = None
@@ -25,10 +27,7 @@ def swa_window_slots(
     req_index [T] int (request row of each query token); pos [T] int (its position);
     floor [T] int or None (first visible position; None = 0).
     """
-    offs = torch.arange(window - 1, -1, -1, device=pos.device)  # [W]: W-1 .. 0
-    p = pos.long()[:, None] - offs[None, :]  # [T, W]
-    lo = torch.zeros_like(pos.long()) if floor is None else floor.long().clamp(min=0)
-    ok = p >= lo[:, None]
+    p, ok = swa_window(pos, window, floor)  # [T, W]
     L = req_to_slot.shape[1]
     ok &= p < L
     slots = req_to_slot[req_index.long()[:, None], p.clamp(0, L - 1)]  # [T, W]

@@ -12,16 +12,12 @@ import torch
 from sglang_dsv41.kv.records import Layout, fake_quant
 
 
-def main_kv_layout(cfg) -> Layout:
-    return Layout.V41_FP4 if cfg.kv_cache_dtype_main == "fp4" else Layout.V41
-
-
 def quant_swa_kv(x: torch.Tensor) -> torch.Tensor:
     return fake_quant(Layout.V41, x.float())
 
 
 def quant_main_kv(cfg, x: torch.Tensor) -> torch.Tensor:
-    return fake_quant(main_kv_layout(cfg), x.float())
+    return fake_quant(cfg.main_kv_layout, x.float())
 
 
 def quant_index(x: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from sglang_dsv41.layers.index_math import (
 )
 from sglang_dsv41.layers.quant import quant_main_kv, quant_swa_kv
 from sglang_dsv41.layers.sparse_attention import sparse_attention
+from sglang_dsv41.layers.window import swa_window
 
 
 @dataclass
@@ -32,12 +33,10 @@ class SharedState:
 def swa_slots(pos: torch.Tensor, window: int, floor: int):
     """pos [T] (consecutive positions of the rows) -> (row ids [T, W] clamped, ok bool [T, W]).
 
-    Query at p sees SWA keys at [max(floor, p - W + 1), p]; row r holds position pos[0] + r.
+    The window of layers.window.swa_window over rows that start at pos[0] (>= every floor here).
     """
-    kpos = pos[:, None] - window + 1 + torch.arange(window)[None, :]  # [T, W]
-    ok = kpos >= max(floor, int(pos[0]))
-    rows = (kpos - pos[0]).clamp_min(0)
-    return rows, ok
+    kpos, ok = swa_window(pos, window, floor)
+    return (kpos - pos[0]).clamp_min(0), ok
 
 
 def compress_full_layer(attn, x_all: torch.Tensor, state: SharedState) -> None:

@@ -1,10 +1,11 @@
-"""Attention backend `dsv41`: builds the per-forward batch metadata the V4.1 layers read.
+"""Attention backend `dsv41`: the per-forward batch metadata of the cached path.
 
 SGLang calls `init_forward_metadata(forward_batch)` before every model forward (extend, decode,
 mixed, idle). The backend turns SGLang's batch description (request slots, prefix and extend
-lengths, output slots, slot table) into a `BatchContext`; the model's layers then read and write
-the `DSV41KVPool` through it. The attention math lives in `serving_attention` (torch, CPU and
-any device); there are no CUDA graphs on this backend.
+lengths, output slots, slot table) into a `serving.context.BatchContext` built with tensor ops on
+the pool's device; the model's layers then read and write the `DSV41KVPool` through it
+(`serving.layer_loop`). Decode metadata needs no host sync; extend checks SGLang's positions and
+whether any row lies below its request's replay floor (one sync each, as SGLang's extend does).
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_dsv41.sglang import runtime
-from sglang_dsv41.sglang.context import BatchContext, build_rows
-from sglang_dsv41.sglang.engram_history import EngramHistory
+from sglang_dsv41.serving.context import BatchContext, rows_from_lens
 
 BACKEND_NAME = "dsv41"
 
@@ -26,12 +25,6 @@ class DSV41AttnBackend(AttentionBackend):
         super().__init__()
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.token_to_kv_pool = model_runner.token_to_kv_pool
-        cfg = runtime.STATE.cfg
-        self.engram = (
-            EngramHistory(cfg.engram_max_ngram_size)
-            if cfg is not None and cfg.engram_layer_ids
-            else None
-        )
 
     def init_forward_metadata(self, forward_batch):
         fb = forward_batch
@@ -39,43 +32,37 @@ class DSV41AttnBackend(AttentionBackend):
         if mode.is_idle():
             fb.dsv41_context = None
             return
-        seq_lens = [
-            int(v)
-            for v in (fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens).tolist()
-        ]
-        if mode.is_decode():
-            prefix = [s - 1 for s in seq_lens]
-            extend = [1] * len(seq_lens)
-        else:
-            prefix = [int(v) for v in fb.extend_prefix_lens_cpu]
-            extend = [int(v) for v in fb.extend_seq_lens_cpu]
-        rows = build_rows(prefix, extend)
-        if runtime.STATE.replay and fb.rids is None and not mode.is_decode():
-            raise RuntimeError("dsv41 backend: bounded replay needs ForwardBatch.rids")
-        floors = runtime.floors_of(fb.rids) if fb.rids is not None else [0] * len(seq_lens)
-        if fb.positions is not None and not torch.equal(fb.positions.long().cpu(), rows.pos):
-            raise RuntimeError("dsv41 backend: batch positions are not [prefix, seq) per request")
-        req_pool = fb.req_pool_indices.long().cpu()
-        engram = None
-        if self.engram is not None:
-            engram = self.engram.windows(
-                rows, fb.input_ids.long().cpu(), req_pool.tolist(), fb.rids, runtime.tokens_at
-            )
-        # Kept on the batch, not the backend: SGLang may prepare the next batch's metadata
-        # while this one is still running (overlap scheduling).
-        # Batch tensors live where the pool lives: on CUDA the layers take the kernel path
-        # (serving.kernel_path), which wants them on the device.
+        pool = self.token_to_kv_pool
         dev = self.req_to_token.device
-        if dev.type != "cpu":
-            rows.ids, rows.pos, rows.req = rows.ids.to(dev), rows.pos.to(dev), rows.req.to(dev)
+        req_pool = fb.req_pool_indices.to(dev, torch.int64)
+        seq_lens = fb.seq_lens.to(dev, torch.int64)
+        if mode.is_decode():
+            B = seq_lens.numel()
+            rows = rows_from_lens(seq_lens - 1, torch.ones_like(seq_lens), B)
+        else:
+            prefix = fb.extend_prefix_lens.to(dev, torch.int64)
+            extend = fb.extend_seq_lens.to(dev, torch.int64)
+            rows = rows_from_lens(prefix, extend, int(fb.extend_num_tokens))
+        seq_cpu = fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens.cpu()
+        floors = pool.floor[req_pool]
+        replaying = False
+        if not mode.is_decode():
+            if fb.positions is not None and not torch.equal(fb.positions.to(dev).long(), rows.pos):
+                raise RuntimeError(
+                    "dsv41 backend: batch positions are not [prefix, seq) per request"
+                )
+            replaying = pool.replay and bool((rows.pos < floors[rows.req]).any())
+        # Kept on the batch, not the backend: SGLang may prepare the next batch's metadata while
+        # this one is still running (overlap scheduling).
         fb.dsv41_context = BatchContext(
             rows=rows,
-            req_pool=req_pool.to(dev),
+            req_pool=req_pool,
             req_to_token=self.req_to_token,
             seq_lens=seq_lens,
-            floors=list(floors),
-            out_loc=fb.out_cache_loc.long().to(dev),
-            engram=engram,
+            max_seq_len=int(seq_cpu.max()),
+            floors=floors,
+            out_loc=fb.out_cache_loc.to(dev, torch.int64),
+            replaying=replaying,
         )
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):

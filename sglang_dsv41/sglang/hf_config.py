@@ -58,6 +58,9 @@ class DeepseekV41HFConfig(PretrainedConfig):
         # SGLang reads these off every deepseek_v41 config; this plugin serves text only.
         self.vision_n_layers = 0
         self.num_key_value_heads = 1
+        # SWA records live in SGLang's window-bounded hybrid SWA pool (sglang/pool.py); the
+        # window is `sliding_window`.
+        self.is_hybrid_swa = True
 
     def dsv41(self) -> DeepseekV41Config:
         """The validated core config (raises ConfigError naming field and layer). Core fields

@@ -1,14 +1,12 @@
-"""HookRegistry hooks: the seams SGLang offers no registry for (DESIGN.md 6).
+"""HookRegistry hooks: the seams SGLang offers no registry for (pool, scheduler).
 
-    create_memory_pool_configurator   size the pool from this model's real bytes per token
+    create_memory_pool_configurator   size the pool from this model's real bytes
     KVCacheConfigurator._build_token_to_kv_pool   build DSV41KVPool instead of an MHA pool
-    ForwardBatch.init_new             record each request's decoder replay floor (and, for Engram,
-                                      its token lists) by request id
-                                      (the backend looks it up through ForwardBatch.rids; the
-                                      batch object itself may be copied before the forward)
+    ForwardBatch.init_new             a request that (re)starts prefilling writes its replay floor
+                                      and Engram tail into its request slot of the pool
     Req._compute_max_prefix_len       with replay on, a radix hit stops at the request's floor,
-                                      so decoder SWA state written by a replay (approximate, or
-                                      absent below the floor) is never reused
+                                      so decoder SWA written by a replay (approximate, or absent
+                                      below the floor) is never reused
 Every hook passes through untouched unless this package's architecture is being served.
 """
 
@@ -18,8 +16,8 @@ import logging
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_dsv41.sglang import runtime
 from sglang_dsv41.sglang.hf_config import ARCH
+from sglang_dsv41.sglang.options import ServingOptions, served
 
 logger = logging.getLogger(__name__)
 
@@ -50,35 +48,49 @@ def _build_pool(original, self, *, sizes, req_to_token_pool, **kwargs):
     from sglang_dsv41.sglang.pool import DSV41KVPool
 
     return DSV41KVPool(
-        self.model_config.hf_config.dsv41(),
-        size=sizes.max_total_num_tokens,
+        ServingOptions.from_server(self.model_config.hf_config.dsv41()),
+        size=sizes.full_max_total_num_tokens,
+        swa_size=sizes.swa_max_total_num_tokens,
         page_size=self.pool_page_size,
         max_requests=req_to_token_pool.size,
+        context_len=req_to_token_pool.max_context_len,
         device=self.device,
-        decoder_ring=runtime.STATE.replay,
     )
 
 
-def request_floor(req) -> int:
-    """Decoder replay floor of a scheduler Req (see runtime.replay_floor)."""
-    wants = (
-        bool(getattr(req, "return_logprob", False)) and getattr(req, "logprob_start_len", -1) >= 0
-    )
-    return runtime.replay_floor(len(req.origin_input_ids), wants)
+def prefill_starts(batch):
+    """(request, request slot, prefix length) of every request of an extend or mixed batch that
+    is prefilling (a mixed batch also carries running decode requests)."""
+    decoding = {id(r) for r in (getattr(batch, "decoding_reqs", None) or [])}
+    slots = batch.req_pool_indices.tolist()
+    for req, slot, prefix in zip(batch.reqs, slots, batch.prefix_lens, strict=False):
+        if id(req) not in decoding:
+            yield req, int(slot), int(prefix)
 
 
 def _init_new(result, cls, batch, *args, **kwargs):
-    if runtime.active():
-        for r in batch.reqs:
-            runtime.remember_floor(r.rid, request_floor(r))
-            if runtime.STATE.cfg.engram_layer_ids:
-                runtime.remember_tokens(r.rid, r.origin_input_ids, r.output_ids)
+    options = served()
+    mode = batch.forward_mode
+    if options is None or not (mode.is_extend() or mode.is_mixed()):
+        return result
+    model_runner = args[0] if args else kwargs["model_runner"]
+    pool = model_runner.token_to_kv_pool
+    if not hasattr(pool, "start_request"):  # another model in this process (a draft worker)
+        return result
+    n1 = pool.engram_tail.shape[1]
+    for req, slot, prefix in prefill_starts(batch):
+        tail = []
+        if n1:
+            ids = list(req.origin_input_ids) + list(req.output_ids)
+            tail = ([-1] * n1 + ids[max(0, prefix - n1) : prefix])[-n1:]
+        pool.start_request(slot, options.floor_of(req), tail)
     return result
 
 
 def _max_prefix(result, req, *args, **kwargs):
-    if runtime.active() and runtime.STATE.replay:
-        return min(result, request_floor(req))
+    options = served()
+    if options is not None and options.replay:
+        return min(result, options.floor_of(req))
     return result
 
 

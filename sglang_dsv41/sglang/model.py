@@ -2,9 +2,9 @@
 
 Parameters are the reference's modules (`layers.block.Block`: MqaAttentionBase with the
 role-specific compressor / indexer, FFN, norms), named as in the checkpoint, so one definition of
-each formula serves both. The forward is `layer_loop.run_layers` (the reference's layer loop with
-cached attention) over
-the batch metadata the `dsv41` backend built for this forward, then SGLang's logits processor.
+each formula serves both. The forward is `serving.layer_loop.run_layers` (the oracle's layer loop
+with the cached attention) over the batch metadata the `dsv41` backend built for this forward,
+then SGLang's logits processor.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from sglang_dsv41.layers.block import Block
 from sglang_dsv41.layers.engram import build_engram_hasher
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.residual import build_residual
-from sglang_dsv41.sglang import runtime
-from sglang_dsv41.sglang.layer_loop import run_layers
-from sglang_dsv41.sglang.weights import load_named
+from sglang_dsv41.serving.layer_loop import run_layers
+from sglang_dsv41.sglang.options import ServingOptions, register_served
 from sglang_dsv41.weights.checkpoint import dense_weights_from_release, is_release_format
+from sglang_dsv41.weights.named import load_named
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +42,12 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.residual = build_residual(cfg)
         self.engram_hasher = None  # built from the checkpoint's tokenizer in load_weights
         self.logits_processor = LogitsProcessor(config)
-        runtime.activate(cfg)
+        self.options = ServingOptions.from_server(cfg)
+        register_served(self.options)
         logger.info(
             "sglang_dsv41: DeepseekV41ForCausalLM, roles %s, decoder SWA bounded replay %s",
             cfg.roles(),
-            "on" if runtime.STATE.replay else "off",
+            "on" if self.options.replay else "off",
         )
 
     def load_weights(self, weights):

@@ -1,8 +1,11 @@
-"""DSV41KVPool: the `dsv41` backend's token-to-KV pool, an SGLang KVCache over RecordBuffers.
+"""DSV41KVPool: the `dsv41` backend's KV pool, an SGLang hybrid-SWA pool over RecordBuffers.
 
-Indexed by SGLang's token slots (`out_cache_loc`, `req_to_token`), so allocation, freeing,
-retraction and the radix prefix cache work unchanged: a slot's records live exactly as long as
-SGLang keeps the slot. See buffers.py for the layout and `source_layer_of`.
+SGLang sees a hybrid SWA model (`is_hybrid_swa` on the HF config): its `SWATokenToKVPoolAllocator`
+hands out full (token) slots and, separately, SWA slots, registers the full -> SWA mapping here
+and frees a request's SWA slots once they leave its window; the radix cache's SWA component keeps
+or tombstones a cached prefix's trailing window. Global records (main KV, index K) live at full
+slots, SWA records at SWA slots (serving/buffers.py has the layout), so allocation, freeing,
+retraction and prefix caching work unchanged.
 """
 
 from __future__ import annotations
@@ -10,25 +13,44 @@ from __future__ import annotations
 import logging
 
 import torch
+from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
 from sglang.srt.mem_cache.memory_pool import KVCache
 
-from sglang_dsv41.config import DeepseekV41Config
-from sglang_dsv41.sglang.buffers import RecordBuffers
+from sglang_dsv41.serving.buffers import RecordBuffers
+from sglang_dsv41.sglang.options import ServingOptions
 
 logger = logging.getLogger(__name__)
 
 
-class DSV41KVPool(RecordBuffers, KVCache):
+class _SWASlots(KVCache):
+    """The SWA sub-pool as SGLang's SWA allocator sees it: a size (the records themselves are
+    per layer in RecordBuffers.swa)."""
+
+    def __init__(self, size: int, page_size: int, layer_num: int, device):
+        super().__init__(size, page_size, torch.uint8, layer_num, device, False)
+
+    def get_kv_size_bytes(self):
+        return 0
+
+    def _records(self, *args, **kwargs):
+        raise NotImplementedError("dsv41 pool: SWA records are read and written by the backend")
+
+    get_key_buffer = get_value_buffer = get_kv_buffer = set_kv_buffer = _records
+
+
+class DSV41KVPool(RecordBuffers, BaseSWAKVPool):
     def __init__(
         self,
-        cfg: DeepseekV41Config,
+        options: ServingOptions,
         size: int,
+        swa_size: int,
         page_size: int,
         max_requests: int,
+        context_len: int,
         device: str = "cpu",
         enable_memory_saver: bool = False,
-        decoder_ring: bool = False,
     ):
+        cfg = options.cfg
         KVCache.__init__(
             self,
             size=size,
@@ -39,32 +61,45 @@ class DSV41KVPool(RecordBuffers, KVCache):
             enable_memory_saver=enable_memory_saver,
         )
         RecordBuffers.__init__(
-            self, cfg, size + page_size, page_size, max_requests, device, decoder_ring
+            self, cfg, options.replay, size, swa_size, page_size, max_requests, device
         )
+        self.swa_kv_pool = _SWASlots(swa_size, page_size, cfg.num_hidden_layers, device)
+        self.options = options
         g = self.geometry
         logger.info(
-            "dsv41 KV pool: %d token slots, page %d, %d request slots; per token %d B (SWA %d B "
-            "over %d layers, global %.1f B main+index over kv sources %s); per request %d B "
-            "(pending %d B, decoder SWA rings %d B over %d layers); total %.3f GB",
+            "dsv41 KV pool: %d full slots x %.1f B (main KV + index K over kv sources %s), "
+            "%d SWA slots x %d B (V41 records of %d layers), %d request slots x %d B (pending, "
+            "decoder SWA rings of %d layers, Engram tail, floor) + %d B slot table; "
+            "%.3f GiB allocated (%d B)",
             size,
-            page_size,
-            max_requests,
-            g.bytes_per_token(),
-            g.swa_bytes_per_token(),
-            len(g.slot_swa_layers),
             g.global_bytes_per_token(),
             g.kv_sources,
-            g.bytes_per_request(),
-            g.pending_bytes_per_request(),
-            g.ring_bytes_per_request(),
+            swa_size,
+            g.swa_bytes_per_slot(),
+            len(g.swa_layers),
+            max_requests,
+            g.state_bytes_per_request(),
             len(g.ring_layers),
+            4 * context_len,
             self.nbytes() / 2**30,
+            self.nbytes(),
         )
 
     def get_kv_size_bytes(self) -> int:
         return self.nbytes()
 
-    # SGLang's generic K/V accessors; this pool's per-layer tensor is the SWA record buffer.
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        return self.full_to_swa_index_mapping[kv_indices]
+
+    def get_state_buf_infos(self):
+        bufs = [b for b in self.swa if b is not None]
+        return (
+            [b.data_ptr() for b in bufs],
+            [b.nbytes for b in bufs],
+            [b[0].nbytes for b in bufs],
+        )
+
+    # SGLang's generic K/V accessors: this pool's per-layer tensor is the SWA record buffer.
     def get_key_buffer(self, layer_id: int):
         return self._swa_of(layer_id)
 

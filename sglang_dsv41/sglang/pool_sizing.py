@@ -1,53 +1,104 @@
 """DSV41PoolConfigurator: SGLang's memory-pool configurator for this model.
 
-Token capacity = (budget - per-request bytes x request slots) // bytes per token, where the bytes
-are those of the records DSV41KVPool really allocates (geometry.PoolGeometry), not an MHA guess.
-On CPU, without --max-total-tokens, capacity is capped at CPU_MAX_TOTAL_TOKENS: the pool is
-zero-filled up front, and most of a CPU's memory is better left to the host.
+Sizes the pool with the one byte calculator (serving.geometry.PoolGeometry), the bytes
+DSV41KVPool really allocates:
+    SWA slots   the running requests' windows and the prefill chunks in flight
+                (serving.geometry.swa_slots_needed, with SGLang's eviction interval)
+    request     every request slot's state plus SGLang's slot table row
+    full slots  the rest of the budget, at the global bytes per token (890 B on V4.1-Flash)
+SGLang picks the request-slot count after the token count; until then the sizing charges the
+most it can pick (the user's --max-running-requests, else SGLang's cap of 4096), and
+`finalize_with_max_running_requests` re-sizes with the real count. On CPU, without
+--max-total-tokens, full slots are capped at CPU_MAX_TOTAL_TOKENS: the pool is zero-filled up
+front, and most of a CPU's memory is better left to the host.
 """
 
 from __future__ import annotations
 
 import logging
 
+from sglang.srt.environ import envs
 from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig, MemoryPoolConfigurator
+from sglang.srt.runtime_context import get_schedule
 
-from sglang_dsv41.sglang import runtime
-from sglang_dsv41.sglang.geometry import PoolGeometry
+from sglang_dsv41.serving.geometry import PoolGeometry, swa_slots_needed
+from sglang_dsv41.sglang.options import ServingOptions
 
 logger = logging.getLogger(__name__)
 
 CPU_MAX_TOTAL_TOKENS = 262144
-EST_REQUESTS = 1024
+SGLANG_MAX_REQUESTS = 4096  # the most request slots SGLang picks without --max-running-requests
 
 
 class DSV41PoolConfigurator(MemoryPoolConfigurator):
     def __init__(self, kvc):
-        self.geometry = PoolGeometry(kvc.model_config.hf_config.dsv41(), runtime.STATE.replay)
-        self.cell_size = self.geometry.bytes_per_token()
-        # Request slots are chosen after the token count; charge the per-request buffers for
-        # the explicit cap, or for EST_REQUESTS, before sizing tokens.
-        reqs = getattr(kvc.server_args, "max_running_requests", None) or EST_REQUESTS
-        self.fixed = self.geometry.bytes_per_request() * reqs
-        user_cap = getattr(kvc.server_args, "max_total_tokens", None)
-        self.cap = CPU_MAX_TOTAL_TOKENS if str(kvc.device) == "cpu" and not user_cap else None
+        options = ServingOptions.from_server(kvc.model_config.hf_config.dsv41())
+        self.geometry = PoolGeometry(options.cfg, options.replay)
+        self.window = options.cfg.sliding_window
+        self.context_len = int(kvc.model_config.context_len)
+        sched = get_schedule()
+        self.user_requests = sched.max_running_requests
+        self.user_tokens = sched.max_total_tokens
+        chunk = sched.chunked_prefill_size
+        self.chunk = chunk if chunk and chunk > 0 else self.context_len
+        self.chunks_in_flight = 1 if sched.disable_overlap_schedule else 2
+        self.interval = max(1, envs.SGLANG_SWA_EVICTION_INTERVAL.get())
+        self.cap = (
+            CPU_MAX_TOTAL_TOKENS if str(kvc.device) == "cpu" and not self.user_tokens else None
+        )
+        self.budget, self.page = None, int(kvc.pool_page_size)
+
+    def swa_slots(self, requests: int, page_size: int) -> int:
+        return swa_slots_needed(
+            self.window, page_size, requests, self.chunk, self.interval, self.chunks_in_flight
+        )
+
+    def _config(self, budget: int, page_size: int, requests: int) -> MemoryPoolConfig:
+        g = self.geometry
+        swa = self.swa_slots(requests, page_size)
+        full = g.full_slots_for(budget, swa, page_size, requests, self.context_len)
+        if self.cap is not None:
+            full = min(full, self.cap)
+        if self.user_tokens:
+            full = min(full, self.user_tokens // page_size * page_size)
+        total = g.total_bytes(full, swa, page_size, requests, self.context_len)
+        logger.info(
+            "dsv41 pool sizing: %.2f GiB budget -> %d full slots x %.1f B + %d SWA slots x %d B "
+            "+ %d request slots x %d B = %.3f GiB",
+            budget / 2**30,
+            full,
+            g.global_bytes_per_token(),
+            swa,
+            g.swa_bytes_per_slot(),
+            requests,
+            g.bytes_per_request_slot(self.context_len),
+            total / 2**30,
+        )
+        return MemoryPoolConfig(
+            max_total_num_tokens=full,
+            full_max_total_num_tokens=full,
+            swa_max_total_num_tokens=swa,
+        )
 
     def calculate_pool_sizes(self, available_bytes: int, page_size: int) -> MemoryPoolConfig:
-        tokens = max(int(available_bytes) - self.fixed, 0) // self.cell_size
-        if self.cap is not None:
-            tokens = min(tokens, self.cap)
-        tokens = tokens // page_size * page_size
-        logger.info(
-            "dsv41 pool sizing: %.2f GB available, %.3f GB per-request buffers, %d B per "
-            "token -> %d tokens",
-            available_bytes / 2**30,
-            self.fixed / 2**30,
-            self.cell_size,
-            tokens,
-        )
-        return MemoryPoolConfig(max_total_num_tokens=tokens)
+        self.budget, self.page = int(available_bytes), page_size
+        return self._config(self.budget, page_size, self.user_requests or SGLANG_MAX_REQUESTS)
 
     def calculate_pool_sizes_from_max_tokens(
         self, max_total_num_tokens: int, page_size: int
     ) -> MemoryPoolConfig:
-        return MemoryPoolConfig(max_total_num_tokens=max_total_num_tokens // page_size * page_size)
+        full = max_total_num_tokens // page_size * page_size
+        swa = self.swa_slots(self.user_requests or SGLANG_MAX_REQUESTS, page_size)
+        return MemoryPoolConfig(
+            max_total_num_tokens=full, full_max_total_num_tokens=full, swa_max_total_num_tokens=swa
+        )
+
+    def finalize_with_max_running_requests(self, config: MemoryPoolConfig) -> MemoryPoolConfig:
+        requests = int(config.max_running_requests)
+        if self.budget is None:  # sized from a token count: only the SWA pool follows
+            config.swa_max_total_num_tokens = self.swa_slots(requests, self.page)
+            return config
+        final = self._config(self.budget, self.page, requests)
+        final.max_running_requests = requests
+        self.validate_swa_pool_size(final.swa_max_total_num_tokens, self.window, self.page)
+        return final

@@ -1,17 +1,16 @@
-"""Resident KV memory of a V4.1 model, per token and per request, by layer.
+"""Resident KV memory of a V4.1 model: per token of context, per request, and what a server
+allocates for a memory budget (`serving.geometry`, the calculator the server sizes its pool with).
 
     python -m sglang_dsv41.tools.kv_report (--model DIR | --preset NAME) [--json]
+        [--no-replay] [--budget-gib G] [--requests R] [--chunk C] [--context-len L] [--page P]
 
 Global state (per token, kept for the whole context): each kv source keeps one main-KV record
 and one index-K record per compressed entry, 1/ratio entries per token; Reuse / Reindex layers
 read their source's records and own nothing. V4.1-Flash: 2.5 entries x (288 + 68) = 890 B.
-SWA (per request): each layer keeps a window of V41 records (528 B at D = 512) per live request.
-The V4 column is the same model with main KV and SWA in V4's record (584 B at D = 512) (what
-upstream
-SGLang, vLLM and FlashMLA use on Hopper), index K unchanged.
-Also shown: what the `dsv41` serving pool allocates: per token slot the global state plus the
-SWA records of the layers whose SWA lives in slots (encoder layers with replay on, every layer
-with replay off), and per request the decoder SWA rings (docs/serving.md).
+SWA (per request): each layer keeps a window of V41 records (528 B at D = 512) per live request,
+in the window-bounded SWA pool (and, with decoder replay on, per-request rings for the decoder).
+The V4 column is the same model with main KV and SWA in V4's record (584 B at D = 512), what
+upstream SGLang, vLLM and FlashMLA use on Hopper; index K unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import json
 import sys
 
 from sglang_dsv41.config import DeepseekV41Config, preset
-from sglang_dsv41.kv.records import Layout, record_bytes
+from sglang_dsv41.serving.geometry import PoolGeometry, swa_slots_needed
 
 
 def v4_record_bytes(dim: int, rope: int) -> int:
@@ -31,76 +30,113 @@ def v4_record_bytes(dim: int, rope: int) -> int:
     return -(-raw // 8) * 8
 
 
-def report(cfg: DeepseekV41Config) -> dict:
-    main_layout = Layout.V41_FP4 if cfg.kv_cache_dtype_main == "fp4" else Layout.V41
-    main_b = record_bytes(main_layout, cfg.head_dim)
-    index_b = record_bytes(Layout.INDEX_K, cfg.index_head_dim)
-    swa_b = record_bytes(Layout.V41, cfg.head_dim)
+def capacity(
+    g: PoolGeometry,
+    budget: int,
+    requests: int,
+    chunk: int,
+    context_len: int,
+    page: int,
+    eviction_interval: int = 128,
+) -> dict:
+    """What the server's pool sizing allocates for `budget` bytes (sglang/pool_sizing.py)."""
+    swa = swa_slots_needed(g.cfg.sliding_window, page, requests, chunk, eviction_interval)
+    full = g.full_slots_for(budget, swa, page, requests, context_len)
+    total = g.total_bytes(full, swa, page, requests, context_len)
+    return {
+        "budget_bytes": budget,
+        "requests": requests,
+        "page_size": page,
+        "chunk": chunk,
+        "context_len": context_len,
+        "full_slots": full,
+        "swa_slots": swa,
+        "allocated_bytes": total,
+        "buffer_bytes": g.buffer_bytes(full, swa, page, requests),
+        "bytes_per_token_of_context": total / full if full else None,
+    }
+
+
+def report(cfg: DeepseekV41Config, replay: bool = True) -> dict:
+    g = PoolGeometry(cfg, replay)
+    index_b, v4_b = g.index_record, v4_record_bytes(cfg.head_dim, cfg.qk_rope_head_dim)
     W, L = cfg.sliding_window, cfg.num_hidden_layers
-    v4_b = v4_record_bytes(cfg.head_dim, cfg.qk_rope_head_dim)
-    layers, total, total_v4 = [], 0.0, 0.0
+    layers, total_v4 = [], 0.0
     for i in range(L):
-        r, role = cfg.ratio(i), cfg.role(i)
-        own = i in cfg.kv_source_layer_ids
-        per_tok = (main_b + index_b) / r if own else 0.0
+        r, own = cfg.ratio(i), i in cfg.kv_source_layer_ids
+        per_tok = (g.main_record + index_b) / r if own else 0.0
         per_tok_v4 = (v4_b + index_b) / r if own else 0.0
-        total += per_tok
         total_v4 += per_tok_v4
         layers.append(
             {
                 "layer": i,
-                "role": role,
+                "role": cfg.role(i),
                 "ratio": r,
                 "reads": cfg.source_layer_of(i),
                 "global_bytes_per_token": per_tok,
                 "v4_global_bytes_per_token": per_tok_v4,
-                "swa_bytes_per_request": swa_b * W,
+                "swa_bytes_per_request": g.swa_record * W,
+                "swa_in": "ring" if i in g.ring_layers else "swa_pool",
             }
         )
     return {
         "records": {
-            "main_kv": main_layout.name,
-            "main_kv_bytes": main_b,
+            "main_kv": cfg.main_kv_layout.name,
+            "main_kv_bytes": g.main_record,
             "index_k_bytes": index_b,
-            "swa_bytes": swa_b,
+            "swa_bytes": g.swa_record,
             "v4_record_bytes": v4_b,
         },
         "layers": layers,
-        "global_bytes_per_token": total,
+        "global_bytes_per_token": g.global_bytes_per_token(),
         "v4_global_bytes_per_token": total_v4,
-        "swa_bytes_per_request": swa_b * W * L,
+        "swa_bytes_per_request": g.swa_bytes_per_window(),
         "v4_swa_bytes_per_request": v4_b * W * L,
-        "cpu_pool_bytes_per_token_slot": int(total + swa_b * cfg.decoder_start + 0.999),
-        "cpu_pool_ring_bytes_per_request": swa_b * W * (L - cfg.decoder_start),
-        "cpu_pool_bytes_per_token_slot_replay_off": int(total + swa_b * L + 0.999),
+        "pool": {
+            "replay": replay,
+            "full_slot_bytes": g.global_bytes_per_token(),
+            "swa_slot_bytes": g.swa_bytes_per_slot(),
+            "swa_pool_layers": len(g.swa_layers),
+            "ring_layers": len(g.ring_layers),
+            "request_slot_state_bytes": g.state_bytes_per_request(),
+            "ring_bytes_per_request": g.ring_bytes_per_request(),
+        },
     }
 
 
 def _text(rep: dict, name: str) -> str:
-    rec = rep["records"]
+    rec, pool = rep["records"], rep["pool"]
     out = [
         f"{name}: main KV {rec['main_kv']} {rec['main_kv_bytes']} B, index K "
         f"{rec['index_k_bytes']} B, SWA V41 {rec['swa_bytes']} B per record",
         f"{'layer':>5} {'role':>8} {'ratio':>5} {'reads':>5} {'B/token':>9} {'V4 B/token':>10} "
-        f"{'SWA B/req':>10}",
+        f"{'SWA B/req':>10} {'SWA in':>9}",
     ]
     for row in rep["layers"]:
         out.append(
             f"{row['layer']:>5} {row['role']:>8} {row['ratio']:>5} {row['reads']:>5} "
             f"{row['global_bytes_per_token']:>9.1f} {row['v4_global_bytes_per_token']:>10.1f} "
-            f"{row['swa_bytes_per_request']:>10}"
+            f"{row['swa_bytes_per_request']:>10} {row['swa_in']:>9}"
         )
     out += [
         f"global state: {rep['global_bytes_per_token']:.1f} B/token "
-        f"(V4 {rec['v4_record_bytes']} B record: {rep['v4_global_bytes_per_token']:.1f} "
-        "B/token)",
-        f"SWA: {rep['swa_bytes_per_request']} B per request "
+        f"(V4 {rec['v4_record_bytes']} B record: {rep['v4_global_bytes_per_token']:.1f} B/token)",
+        f"SWA: {rep['swa_bytes_per_request']} B per live request "
         f"(V4 {rec['v4_record_bytes']} B record: {rep['v4_swa_bytes_per_request']} B)",
-        f"dsv41 serving pool: {rep['cpu_pool_bytes_per_token_slot']} B per token slot + "
-        f"{rep['cpu_pool_ring_bytes_per_request']} B decoder SWA rings per request (replay "
-        f"on, default); {rep['cpu_pool_bytes_per_token_slot_replay_off']} B per token slot "
-        "with replay off (every layer's SWA record kept per slot)",
+        f"dsv41 serving pool (replay {'on' if pool['replay'] else 'off'}): "
+        f"{pool['full_slot_bytes']:.1f} B per full slot (token of context), "
+        f"{pool['swa_slot_bytes']} B per SWA slot ({pool['swa_pool_layers']} layers), "
+        f"{pool['request_slot_state_bytes']} B per request slot "
+        f"(decoder SWA rings of {pool['ring_layers']} layers: {pool['ring_bytes_per_request']} B)",
     ]
+    cap = rep.get("capacity")
+    if cap:
+        out.append(
+            f"budget {cap['budget_bytes'] / 2**30:.2f} GiB, {cap['requests']} request slots, "
+            f"chunk {cap['chunk']}: {cap['full_slots']} tokens of context + {cap['swa_slots']} "
+            f"SWA slots = {cap['allocated_bytes'] / 2**30:.3f} GiB, "
+            f"{cap['bytes_per_token_of_context']:.1f} B per token of context"
+        )
     return "\n".join(out)
 
 
@@ -114,9 +150,21 @@ def main(argv=None) -> int:
     src.add_argument("--model", help="checkpoint directory (config.json)")
     src.add_argument("--preset", help="tiny | small | flash")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--no-replay", action="store_true", help="decoder bounded replay off")
+    ap.add_argument("--budget-gib", type=float, help="KV budget to size a pool for")
+    ap.add_argument("--requests", type=int, default=2048, help="request slots (default 2048)")
+    ap.add_argument("--chunk", type=int, default=8192, help="prefill chunk (default 8192)")
+    ap.add_argument("--context-len", type=int, help="slot table row (default: max positions)")
+    ap.add_argument("--page", type=int, default=64, help="page size (default 64)")
     args = ap.parse_args(argv)
     cfg = DeepseekV41Config.from_hf(args.model) if args.model else preset(args.preset)
-    rep = report(cfg)
+    rep = report(cfg, replay=not args.no_replay)
+    if args.budget_gib:
+        g = PoolGeometry(cfg, not args.no_replay)
+        ctx = args.context_len or cfg.max_position_embeddings
+        rep["capacity"] = capacity(
+            g, int(args.budget_gib * 2**30), args.requests, args.chunk, ctx, args.page
+        )
     print(json.dumps(rep, indent=1) if args.json else _text(rep, args.model or args.preset))
     return 0
 

@@ -1,29 +1,21 @@
-"""Unit tests of the SGLang glue that need no SGLang: HF config class, strict weight loading,
-pool geometry vs. allocated buffers, batch rows, the memory report and the serve launcher."""
+"""Unit tests of the SGLang glue: HF config class, strict weight loading, the served pool against
+the memory report, and the serve launcher."""
 
 from __future__ import annotations
 
 import json
 import pickle
-import sys
 
 import pytest
 import torch
 from torch import nn
 
-sys.modules.setdefault("sglang", None)
-
-from sglang_dsv41.config import preset  # noqa: E402
-from sglang_dsv41.presets import tiny  # noqa: E402
-from sglang_dsv41.sglang.buffers import RecordBuffers  # noqa: E402
-from sglang_dsv41.sglang.context import build_rows  # noqa: E402
-from sglang_dsv41.sglang.geometry import PoolGeometry  # noqa: E402
-from sglang_dsv41.sglang.hf_config import ARCH, DeepseekV41HFConfig  # noqa: E402
-from sglang_dsv41.sglang.weights import WeightLoadError, load_named  # noqa: E402
-from sglang_dsv41.tools import kv_report, serve  # noqa: E402
-
-if sys.modules.get("sglang", 0) is None:  # the imports above ran without SGLang; let
-    del sys.modules["sglang"]  # later test modules (upstream parity) import the real one
+from sglang_dsv41.config import preset
+from sglang_dsv41.presets import tiny
+from sglang_dsv41.serving.geometry import PoolGeometry
+from sglang_dsv41.sglang.hf_config import ARCH, DeepseekV41HFConfig
+from sglang_dsv41.tools import kv_report, serve
+from sglang_dsv41.weights.named import WeightLoadError, load_named
 
 
 def _released(values: dict) -> dict:
@@ -79,26 +71,24 @@ def test_load_named_exact_and_errors():
         load_named(_Tiny(), [("a.weight", torch.zeros(3, 2)), ("b", w["b"])])
 
 
-@pytest.mark.parametrize("name,ring", [("tiny", False), ("tiny", True), ("small", True)])
-def test_geometry_matches_allocated_buffers(name, ring):
-    cfg = preset(name)
-    slots = 1024
-    buf = RecordBuffers(cfg, slots, page_size=2, max_requests=3, decoder_ring=ring)
-    g = PoolGeometry(cfg, ring)
-    assert (g.ring_bytes_per_request() > 0) == ring
-    per_slot = (buf.nbytes() - 4 * g.bytes_per_request()) / slots
-    assert abs(per_slot - g.bytes_per_token()) < 1.0
-    assert buf.source_layer_of(4) == cfg.source_layer_of(4) and buf.source_layer_of(0) == -1
-    with pytest.raises(ValueError, match="page_size"):
-        RecordBuffers(cfg, slots, page_size=1, max_requests=1)
+@pytest.mark.parametrize("replay", [False, True])
+def test_served_pool_allocates_what_kv_report_says(replay):
+    """DSV41KVPool (the SGLang pool) holds exactly the bytes of kv_report's calculator."""
+    from sglang_dsv41.sglang.options import ServingOptions
+    from sglang_dsv41.sglang.pool import DSV41KVPool
 
-
-def test_rows_select_keeps_suffixes():
-    rows = build_rows([0, 5, 2], [4, 3, 2])
-    assert rows.pos.tolist() == [0, 1, 2, 3, 5, 6, 7, 2, 3]
-    kept = rows.select(rows.pos >= torch.tensor([2, 2, 2, 2, 6, 6, 6, 9, 9]))
-    assert kept.ids.tolist() == [2, 3, 5, 6]
-    assert kept.spans == [(0, 2), (2, 2), (4, 0)]
+    cfg = preset("tiny")
+    pool = DSV41KVPool(ServingOptions(cfg, replay), 4096, 700, 2, 9, context_len=4100)
+    cap = kv_report.capacity(PoolGeometry(cfg, replay), 1 << 30, 9, 256, 4100, 2)
+    assert pool.nbytes() == PoolGeometry(cfg, replay).buffer_bytes(4096, 700, 2, 9)
+    assert pool.get_kv_size_bytes() == pool.nbytes()
+    assert cap["buffer_bytes"] == PoolGeometry(cfg, replay).buffer_bytes(
+        cap["full_slots"], cap["swa_slots"], 2, 9
+    )
+    pool.register_mapping(torch.arange(4096 + 3))
+    assert pool.translate_loc_from_full_to_swa(torch.tensor([5, 9])).tolist() == [5, 9]
+    rep = kv_report.report(cfg, replay)["pool"]
+    assert rep["swa_slot_bytes"] * (700 + 2) == sum(b.nbytes for b in pool.swa if b is not None)
 
 
 def test_kv_report_flash_890():
@@ -113,14 +103,30 @@ def test_kv_report_flash_890():
 
 def test_kv_report_cli_json(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(_released(tiny())))
-    assert kv_report.main(["--model", str(tmp_path), "--json"]) == 0
-    rep = json.loads(capsys.readouterr().out)
-    cfg = preset("tiny")
-    assert rep["cpu_pool_bytes_per_token_slot"] == PoolGeometry(cfg, True).bytes_per_token()
     assert (
-        rep["cpu_pool_ring_bytes_per_request"] == PoolGeometry(cfg, True).ring_bytes_per_request()
+        kv_report.main(
+            [
+                "--model",
+                str(tmp_path),
+                "--json",
+                "--budget-gib",
+                "0.01",
+                "--requests",
+                "4",
+                "--context-len",
+                "4096",
+                "--page",
+                "2",
+            ]
+        )
+        == 0
     )
-    assert rep["cpu_pool_bytes_per_token_slot_replay_off"] == PoolGeometry(cfg).bytes_per_token()
+    rep = json.loads(capsys.readouterr().out)
+    g = PoolGeometry(preset("tiny"), True)
+    assert rep["pool"]["full_slot_bytes"] == g.global_bytes_per_token()
+    assert rep["pool"]["ring_bytes_per_request"] == g.ring_bytes_per_request()
+    cap = rep["capacity"]
+    assert cap["allocated_bytes"] <= 0.01 * 2**30 and cap["full_slots"] > 0
 
 
 def test_serve_command(monkeypatch, tmp_path):
@@ -132,28 +138,3 @@ def test_serve_command(monkeypatch, tmp_path):
     assert cmd[-3:] == ["--device", "cpu", "--sleep-on-idle"]
     cmd = serve.build_command(["--model-path", "X", "--device", "cuda"])
     assert "--sleep-on-idle" not in cmd and str(tmp_path) not in cmd
-
-
-def test_engram_history_windows_match_whole_sequence():
-    from sglang_dsv41.layers.engram import ngram_windows
-    from sglang_dsv41.sglang.engram_history import EngramHistory
-
-    g = torch.Generator().manual_seed(0)
-    seqs = {
-        "a": torch.randint(0, 50, (23,), generator=g),
-        "b": torch.randint(0, 50, (9,), generator=g),
-    }
-    lookup = lambda rid, pos: [int(seqs[rid][p]) for p in pos]  # noqa: E731
-    hist = EngramHistory(3)
-    # a: chunks [0, 10), [10, 17), decode 17, 18; b: radix hit at 4, then [4, 9)
-    steps = [([("a", 0, 10)]), ([("a", 10, 7), ("b", 4, 5)]), ([("a", 17, 1)]), ([("a", 18, 1)])]
-    for step in steps:
-        rows = build_rows([p for _, p, _ in step], [n for _, _, n in step])
-        ids = torch.cat([seqs[r][p : p + n] for r, p, n in step])
-        rp = [0 if r == "a" else 1 for r, _, _ in step]
-        tok, blk = hist.windows(rows, ids, rp, [r for r, _, _ in step], lookup)
-        for b, (r, p, n) in enumerate(step):
-            st, _ = rows.spans[b]
-            want_t, want_b = ngram_windows(seqs[r], torch.arange(len(seqs[r])), 3)
-            assert torch.equal(tok[st : st + n], want_t[p : p + n]), (r, p)
-            assert torch.equal(blk[st : st + n], want_b[p : p + n]), (r, p)

@@ -1,0 +1,132 @@
+"""The one cached V4.1 attention sublayer (CSA2) over a batch of requests.
+
+The cached counterpart of `reference.attention.attention_layer`, with the same formulas from
+`layers/`: it differs only in where keys come from. SWA keys, main-KV entries and index keys are
+written as records into the pool (`stores.py`) and read back through SGLang's slot table, so a
+request's history may come from earlier forwards (chunked prefill, decode) or another request
+(radix prefix hit). Every step is one `kernels` dispatcher call over slot lists and page tables
+built on the device: the Triton kernels on SM90+, their torch references (which call the
+formulas in `layers/`) on CPU or with DSV41_FORCE_REF=1.
+
+Slot tables (int32/int64, -1 = none):
+    SWA window    the SWA slots of positions [max(floor, p - W + 1), p] of the row's request
+    entry table   [B, n_max] buffer row of entry s of request b of a kv source (page size 1 for
+                  the indexer): req_to_token[req_pool[b], s r] // r  (RecordBuffers.entry_rows)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_dsv41.config import FULL
+from sglang_dsv41.kernels import indexer as kidx
+from sglang_dsv41.kernels.indexer import ref as kidx_ref
+from sglang_dsv41.kernels.sparse_attn import entry_slots, sparse_attention
+from sglang_dsv41.serving.context import BatchContext, Rows
+from sglang_dsv41.serving.stores import compress, write_swa
+
+
+def entry_table(cfg, src: int, ctx: BatchContext) -> torch.Tensor:
+    """int32 [B, n_max]: buffer row of entry s of request b of kv source src (n_max =
+    max_seq_len // r); built once per forward."""
+    table = ctx.shared.entry_table.get(src)
+    if table is None:
+        r = cfg.ratio(src)
+        n = max(1, ctx.max_seq_len // r)
+        cols = torch.arange(n, device=ctx.req_pool.device) * r
+        cols = cols.clamp_max(ctx.req_to_token.shape[1] - 1)
+        tok = ctx.req_to_token[ctx.req_pool[:, None], cols[None, :]]
+        table = (tok.long() // r).to(torch.int32)
+        ctx.shared.entry_table[src] = table
+    return table
+
+
+def _indexer_fast(cfg) -> bool:
+    HI, DI = cfg.index_n_heads, cfg.index_head_dim
+    return DI % 128 == 0 and HI >= 16 and HI & (HI - 1) == 0 and cfg.candidate_block_size == 8
+
+
+def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.Tensor:
+    """Index source (Full / Reindex): top-k int64 [T, TOPK] entry ids (-1 padded, order
+    unspecified) of these rows; the candidate source also leaves its pool in ctx.shared."""
+    cfg, i = attn.cfg, attn.layer_id
+    src = cfg.source_layer_of(i)
+    qI, w = attn.indexer.queries(q_lora, x, rows.pos, attn.inv_freq)
+    table = entry_table(cfg, src, ctx)
+    n_visible = ((rows.pos + 1) // attn.ratio).to(torch.int32)
+    args = (qI, w, pool.index_k[src], table, rows.req.to(torch.int32), n_visible, 1)
+    K, NB, blk = cfg.index_topk, cfg.candidate_topk_blocks, cfg.candidate_block_size
+    fast = _indexer_fast(cfg)
+    if cfg.uses_candidates(i):
+        cand = ctx.shared.candidates[rows.ids]
+        out = kidx.reindex(*args, cand, K) if fast else kidx_ref.reindex_ref(*args, cand, K, blk)
+    elif i == cfg.candidate_source_layer_id:
+        out, cand = (
+            kidx.candidate_source(*args, K, NB)
+            if fast
+            else kidx_ref.candidate_source_ref(*args, K, NB, blk)
+        )
+        full = torch.full((ctx.rows.n, NB), -1, dtype=torch.int32, device=qI.device)
+        full[rows.ids] = cand.to(torch.int32)
+        ctx.shared.candidates = full
+    else:
+        out = kidx.full_topk(*args, K) if fast else kidx_ref.full_topk_ref(*args, K)
+    return out.long()
+
+
+def attend(attn, q, topk, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
+    """Sparse attention of q fp32 [T, H, D] over the SWA window `swa` = write_swa's (cache,
+    slots) and the top-k entries int64 [T, TOPK] (-1 padded; None for SWA-only layers) of the
+    layer's kv source, plus the sink: o fp32 [T, H, D]."""
+    cfg = attn.cfg
+    kv = topk_slots = None
+    if topk is not None and topk.shape[1]:
+        src = cfg.source_layer_of(attn.layer_id)
+        kv = pool.main[src]
+        topk_slots = entry_slots(entry_table(cfg, src, ctx), rows.req, topk)
+    return sparse_attention(
+        q,
+        swa[0],
+        swa[1],
+        kv,
+        topk_slots,
+        cfg.main_kv_layout,
+        attn.attn_sink,
+        attn.scale,
+        out_dtype=torch.float32,
+    )
+
+
+def attention_layer(
+    attn,
+    x,
+    rows: Rows,
+    ctx: BatchContext,
+    pool,
+    floor: torch.Tensor,
+    x_all=None,
+    rows_all: Rows | None = None,
+) -> torch.Tensor:
+    """x [T, hidden] attention input of `rows` -> [T, hidden].
+
+    floor int64 [T]: lowest SWA key position per row (bounded replay; 0 otherwise).
+    x_all / rows_all: for the decoder's Full layer under replay, its attention input over every
+    batch row (the compressor runs over all of them, attention only over `rows`).
+    """
+    cfg, i = attn.cfg, attn.layer_id
+    if attn.role == FULL:
+        compress(
+            attn, x if x_all is None else x_all, rows if rows_all is None else rows_all, ctx, pool
+        )
+    if rows.n == 0:
+        return x.new_zeros(0, cfg.hidden_size)
+    q, q_lora = attn.query(x, rows.pos)  # [T, H, D]
+    swa = write_swa(attn, x, rows, ctx, pool, floor)
+    topk = None
+    if attn.ratio != 0:
+        if attn.indexer is not None:
+            full = torch.full((ctx.rows.n, cfg.index_topk), -1, dtype=torch.int64, device=x.device)
+            full[rows.ids] = select_topk(attn, x, q_lora, rows, ctx, pool)
+            ctx.shared.topk[i] = full
+        topk = ctx.shared.topk[cfg.index_source_of(i)][rows.ids]
+    return attn.output(attend(attn, q, topk, rows, ctx, pool, swa), rows.pos)

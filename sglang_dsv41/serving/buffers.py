@@ -1,0 +1,115 @@
+"""RecordBuffers: the storage of the cached path (pure torch; SGLang's pool derives from it).
+
+    swa[layer]     uint8 [S_swa + P, 528]  V41 SWA records by SWA slot (layers in the SWA pool;
+                                           None for ring layers)
+    ring[layer]    uint8 [R + 1, W, 528]   decoder layers with replay on: a request's last W SWA
+                                           records, position p at p % W
+    main[src]      uint8 [(S + P) / r, 288 | 528]  kv sources only (V41_FP4, or V41 on request)
+    index_k[src]   uint8 [(S + P) / r, 68]         kv sources only
+    pending[src]   fp32 [R + 1, 2, D]      ratio-2 sources: (c, z) of a request's unpaired token
+    floor          int64 [R + 1]           decoder replay floor of the request in each slot
+    engram_tail    int64 [R + 1, n - 1]    Engram: the n - 1 token ids before the request's next
+                                           position (Engram models only)
+S = full (token) slots, S_swa = SWA slots, P = page size, R = request slots (row 0 = padding).
+A ratio-r entry j of a request is stored at row full_slot(j r) // r: with an even page size the
+two tokens of a ratio-2 entry share a page, so that row is the page's.
+
+SWA slots: a token's SWA record lives at `swa_slot_of(full_slot)`, through SGLang's
+full -> SWA mapping (`full_to_swa_index_mapping`, registered by its SWA allocator, which frees a
+slot once it leaves every live window); without a mapping SWA slots are the full slots.
+
+Why rings under replay: decoder SWA written under bounded replay depends on the request's floor
+and is absent below it, so it must never be read through a slot that SGLang's radix cache may
+remap onto another request's identical tokens (an insert dedupes a running request's slots onto
+the cached ones). With the radix match capped at the floor a request computes every decoder row
+it reads; keeping those rows in its own ring makes that independent of slot sharing
+(tests/cpu/test_serving_pool.py shows the remap). Buffers are zero-filled, so a masked-out read
+never meets NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_dsv41.config import DeepseekV41Config
+from sglang_dsv41.serving.geometry import PoolGeometry
+
+
+class RecordBuffers:
+    def __init__(
+        self,
+        cfg: DeepseekV41Config,
+        replay: bool,
+        full_slots: int,
+        swa_slots: int,
+        page_size: int,
+        max_requests: int,
+        device="cpu",
+    ):
+        g = PoolGeometry(cfg, replay)
+        if page_size % 2 and any(cfg.ratio(s) == 2 for s in g.kv_sources):
+            raise ValueError(
+                f"dsv41 pool: page_size {page_size} must be even (ratio-2 entries pair the two "
+                "tokens of one page)"
+            )
+        self.cfg, self.geometry, self.replay = cfg, g, replay
+        self.full_slots, self.swa_slots, self.page = full_slots, swa_slots, page_size
+        self.max_requests = max_requests
+        z = dict(dtype=torch.uint8, device=device)
+        swa_layers, R = set(g.swa_layers), max_requests + 1
+        self.swa = [
+            torch.zeros(swa_slots + page_size, g.swa_record, **z) if i in swa_layers else None
+            for i in range(cfg.num_hidden_layers)
+        ]
+        self.ring = {
+            i: torch.zeros(R, cfg.sliding_window, g.swa_record, **z) for i in g.ring_layers
+        }
+        self.main, self.index_k, self.pending = {}, {}, {}
+        for s in g.kv_sources:
+            n = g.entries(full_slots + page_size, s)
+            self.main[s] = torch.zeros(n, g.main_record, **z)
+            self.index_k[s] = torch.zeros(n, g.index_record, **z)
+            if cfg.ratio(s) == 2:
+                self.pending[s] = torch.zeros(
+                    R, 2, cfg.head_dim, dtype=torch.float32, device=device
+                )
+        self.floor = torch.zeros(R, dtype=torch.int64, device=device)
+        self.engram_tail = torch.full(
+            (R, g.engram_tail_len()), -1, dtype=torch.int64, device=device
+        )
+        self.full_to_swa_index_mapping = None  # set by register_mapping (SGLang's allocator)
+
+    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
+        """int64 [S + P + 1] full slot -> SWA slot (0 = none), owned by SGLang's allocator."""
+        self.full_to_swa_index_mapping = full_to_swa_index_mapping
+
+    def swa_slot_of(self, full_slots: torch.Tensor) -> torch.Tensor:
+        """int [...] full slots (-1 = none) -> int64 SWA slots (-1 stays -1)."""
+        full = full_slots.long()
+        m = self.full_to_swa_index_mapping
+        if m is None:
+            return full
+        return torch.where(full >= 0, m[full.clamp_min(0)], full)
+
+    def source_layer_of(self, layer: int) -> int:
+        """The kv source whose main KV / index K `layer` reads (itself for Full, -1 for SWA)."""
+        return self.cfg.source_layer_of(layer)
+
+    def entry_rows(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """Buffer rows of the entries whose first token sits at full `slots` (int64 [...])."""
+        return slots // self.cfg.ratio(layer)
+
+    def start_request(self, slot: int, floor: int, tail: list) -> None:
+        """A request (re)starts prefilling in request slot `slot`: its replay floor and, for
+        Engram, the n - 1 token ids before its first new position (-1 before position 0)."""
+        self.floor[slot] = floor
+        if self.engram_tail.shape[1]:
+            self.engram_tail[slot] = torch.tensor(tail, dtype=torch.int64)
+
+    def tensors(self) -> list:
+        bufs = [b for b in self.swa if b is not None] + list(self.ring.values())
+        bufs += list(self.main.values()) + list(self.index_k.values())
+        return bufs + list(self.pending.values()) + [self.floor, self.engram_tail]
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.tensors())

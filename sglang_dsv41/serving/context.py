@@ -1,0 +1,115 @@
+"""Per-forward batch metadata of the cached path: which rows belong to which request.
+
+A forward batch (extend, decode or mixed) is a list of B requests; request b contributes rows at
+consecutive positions [prefix_b, seq_b). `Rows` is a subset of the batch's rows (bounded replay
+drops decoder rows below a request's floor); `ids` points back at the batch rows, so what source
+layers hand their consumers (`ForwardShared`) is indexed by batch row from any subset.
+Every tensor lives on the pool's device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Rows:
+    """ids int64 [T] batch row ids; pos int64 [T]; req int64 [T] request index in the batch.
+    Rows of one request are consecutive and in position order."""
+
+    ids: torch.Tensor
+    pos: torch.Tensor
+    req: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return int(self.ids.numel())
+
+    def select(self, keep: torch.Tensor) -> Rows:
+        """keep bool [T] (per request a suffix of its rows) -> the kept rows."""
+        idx = keep.nonzero().flatten()
+        return Rows(self.ids[idx], self.pos[idx], self.req[idx])
+
+    def first_of_request(self) -> torch.Tensor:
+        """int64 [T]: index (into these rows) of the first row of each row's request."""
+        T, dev = self.n, self.pos.device
+        t = torch.arange(T, device=dev)
+        start = torch.ones(T, dtype=torch.bool, device=dev)
+        start[1:] = self.req[1:] != self.req[:-1]
+        return torch.cummax(torch.where(start, t, torch.zeros_like(t)), 0).values
+
+    def last_row(self) -> torch.Tensor:
+        """int64 [T]: index (into these rows) of the last row of each row's request."""
+        T, dev = self.n, self.pos.device
+        t = torch.arange(T, device=dev)
+        at_end = torch.where(self.last_of_request(), t, torch.full_like(t, T))
+        return torch.flip(torch.cummin(torch.flip(at_end, [0]), 0).values, [0])
+
+    def last_of_request(self) -> torch.Tensor:
+        """bool [T]: the row is its request's last row among these rows."""
+        last = torch.ones(self.n, dtype=torch.bool, device=self.pos.device)
+        last[:-1] = self.req[1:] != self.req[:-1]
+        return last
+
+
+@dataclass
+class ForwardShared:
+    """What source layers hand their consumers within one forward (rows = batch rows).
+
+    topk        index source layer -> int64 [T_batch, TOPK] entry ids, -1 padded
+    candidates  int32 [T_batch, NB] candidate pool block ids of the candidate source (-1 padded)
+    entry_table kv source layer -> int32 [B, n_max] buffer row of entry s of request b
+    """
+
+    topk: dict[int, torch.Tensor] = field(default_factory=dict)
+    candidates: torch.Tensor | None = None
+    entry_table: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class BatchContext:
+    """Everything the cached attention needs about one forward batch.
+
+    rows: the batch rows; req_pool int64 [B] request slots; req_to_token int32 [R, ctx] the
+    slot table (token position -> full slot); seq_lens int64 [B] lengths after this forward and
+    max_seq_len their maximum (host int); floors int64 [B] decoder SWA floor per request (bounded
+    replay; 0 = full forward); out_loc int64 [T] full slots of the batch rows; replaying: some
+    row lies below its request's floor (host flag, set for extend batches; decode rows never do).
+    """
+
+    rows: Rows
+    req_pool: torch.Tensor
+    req_to_token: torch.Tensor
+    seq_lens: torch.Tensor
+    max_seq_len: int
+    floors: torch.Tensor
+    out_loc: torch.Tensor
+    replaying: bool = False
+    shared: ForwardShared = field(default_factory=ForwardShared)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.req_pool.numel())
+
+    def row_floors(self, rows: Rows) -> torch.Tensor:
+        return self.floors[rows.req]
+
+
+def build_rows(prefix_lens: list, extend_lens: list, device="cpu") -> Rows:
+    """Rows of a batch whose request b covers positions [prefix_b, prefix_b + extend_b)."""
+    ext = torch.tensor(extend_lens, dtype=torch.int64)
+    pre = torch.tensor(prefix_lens, dtype=torch.int64)
+    return rows_from_lens(pre.to(device), ext.to(device), int(ext.sum()))
+
+
+def rows_from_lens(prefix: torch.Tensor, extend: torch.Tensor, total: int) -> Rows:
+    """Device version of build_rows: prefix, extend int64 [B]; total = sum(extend) (host int,
+    known to the caller without a sync)."""
+    dev = prefix.device
+    b = torch.arange(extend.numel(), device=dev)
+    req = torch.repeat_interleave(b, extend, output_size=total)  # [T]
+    start = torch.cumsum(extend, 0) - extend  # [B]
+    ids = torch.arange(total, device=dev)
+    return Rows(ids, prefix[req] + ids - start[req], req)
