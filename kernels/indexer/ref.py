@@ -33,25 +33,33 @@ def paged_records(index_k: torch.Tensor, page_table: torch.Tensor, P: int, n: in
     return index_k[page * P + s % P]  # [B, n, R]
 
 
-def paged_scores(qI, w, index_k, page_table, req_ids, n_visible, P, n=None):
+def paged_scores(qI, w, index_k, page_table, req_ids, n_visible, P, n=None, chunk=8):
     """I[t, s] for s < n (default max_pages * P): fp32 [T, n], -inf where s >= n_visible[t].
 
-    Dequantizes the whole visible span of every request (O(N) per query); consecutive queries of
-    one request (a prefill run) share one decode of its keys and one scoring product.
+    Dequantizes the whole visible span of every request (O(N) per query). On CPU consecutive
+    queries of one request (a prefill run) share one decode of its keys and one scoring product;
+    elsewhere queries go `chunk` at a time with no host sync (CUDA-graph capturable).
     """
     T = qI.shape[0]
     n = page_table.shape[1] * P if n is None else n
     out = torch.full((T, n), NEG_INF, dtype=torch.float32, device=qI.device)
     vis = torch.arange(n, device=qI.device)[None, :] < n_visible.long()[:, None]  # [T, n]
     req = req_ids.long()
-    starts = torch.ones(T, dtype=torch.bool, device=qI.device)
-    starts[1:] = req[1:] != req[:-1]
-    bounds = starts.nonzero().flatten().tolist() + [T]
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        row = page_table[req[a] : req[a] + 1]
-        keys = unpack_index_k(paged_records(index_k, row, P, n))[0]  # [n, DI]
-        s = index_scores(qI[a:b], w[a:b], keys)  # [t, n]
-        out[a:b] = torch.where(vis[a:b], s, out[a:b])
+    if qI.device.type == "cpu":
+        starts = torch.ones(T, dtype=torch.bool)
+        starts[1:] = req[1:] != req[:-1]
+        bounds = starts.nonzero().flatten().tolist() + [T]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            keys = unpack_index_k(paged_records(index_k, page_table[req[a] : req[a] + 1], P, n))
+            s = index_scores(qI[a:b], w[a:b], keys[0])  # [t, n]
+            out[a:b] = torch.where(vis[a:b], s, out[a:b])
+        return out
+    for t0 in range(0, T, chunk):
+        rows = slice(t0, min(T, t0 + chunk))
+        keys = unpack_index_k(paged_records(index_k, page_table[req[rows]], P, n))
+        for i, t in enumerate(range(rows.start, rows.stop)):
+            s = index_scores(qI[t : t + 1], w[t : t + 1], keys[i])[0]  # [n]
+            out[t] = torch.where(vis[t], s, out[t])
     return out
 
 

@@ -76,10 +76,18 @@ class MoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]."""
+        """x [T, hidden] -> [T, hidden].
+
+        On CPU each expert runs on its own tokens. Elsewhere every expert runs on every token with
+        the unselected ones weighted zero: no host sync, so a CUDA graph can hold it (the served
+        CUDA model uses SGLang's fused MoE; this is the test models' path)."""
         w, idx = self.gate(x)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for e in torch.unique(idx).tolist():
+        if x.device.type != "cpu":
+            for e, expert in enumerate(self.experts):
+                we = (w * (idx == e)).sum(-1, keepdim=True)  # [T, 1], 0 where not selected
+                out += expert(x).float() * we
+        for e in torch.unique(idx).tolist() if x.device.type == "cpu" else []:
             tok, slot = torch.nonzero(idx == e, as_tuple=True)
             y = self.experts[e](x[tok]).float() * w[tok, slot, None]
             out.index_add_(0, tok, y)

@@ -10,8 +10,11 @@ formulas in `layers/`) on CPU or with DSV41_FORCE_REF=1.
 
 Slot tables (int32/int64, -1 = none):
     SWA window    the SWA slots of positions [max(floor, p - W + 1), p] of the row's request
-    entry table   [B, n_max] buffer row of entry s of request b of a kv source (page size 1 for
-                  the indexer): req_to_token[req_pool[b], s r] // r  (RecordBuffers.entry_rows)
+    page table    int32 [B, n_pages]: the page ids of each request's token slots
+                  (req_to_token[req_pool[b], j P] // P, P the pool's page size). A ratio-r
+                  source's entry s sits in buffer row page_table[b, s // (P/r)] (P/r) + s % (P/r)
+                  (kv.pages.slot_of), one table for every source; its width covers
+                  ctx.table_len positions, fixed under CUDA graphs.
 """
 
 from __future__ import annotations
@@ -21,23 +24,22 @@ import torch
 from sglang_dsv41.config import FULL
 from sglang_dsv41.kernels import indexer as kidx
 from sglang_dsv41.kernels.indexer import ref as kidx_ref
-from sglang_dsv41.kernels.sparse_attn import entry_slots, sparse_attention
+from sglang_dsv41.kernels.sparse_attn import sparse_attention
+from sglang_dsv41.kv.pages import slot_of
 from sglang_dsv41.serving.context import BatchContext, Rows
 from sglang_dsv41.serving.stores import compress, write_swa
 
 
-def entry_table(cfg, src: int, ctx: BatchContext) -> torch.Tensor:
-    """int32 [B, n_max]: buffer row of entry s of request b of kv source src (n_max =
-    max_seq_len // r); built once per forward."""
-    table = ctx.shared.entry_table.get(src)
+def page_table(ctx: BatchContext, page: int) -> torch.Tensor:
+    """int32 [B, ceil(table_len / page)] page ids of the batch's requests; built once per
+    forward."""
+    table = ctx.shared.page_table
     if table is None:
-        r = cfg.ratio(src)
-        n = max(1, ctx.max_seq_len // r)
-        cols = torch.arange(n, device=ctx.req_pool.device) * r
+        cols = torch.arange(0, ctx.table_len, page, device=ctx.req_pool.device)
         cols = cols.clamp_max(ctx.req_to_token.shape[1] - 1)
-        tok = ctx.req_to_token[ctx.req_pool[:, None], cols[None, :]]
-        table = (tok.long() // r).to(torch.int32)
-        ctx.shared.entry_table[src] = table
+        tok = ctx.req_to_token[ctx.req_pool[:, None], cols[None, :]]  # [B, n_pages]
+        table = (tok // page).to(torch.int32)
+        ctx.shared.page_table = table
     return table
 
 
@@ -52,9 +54,10 @@ def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.T
     cfg, i = attn.cfg, attn.layer_id
     src = cfg.source_layer_of(i)
     qI, w = attn.indexer.queries(q_lora, x, rows.pos, attn.inv_freq)
-    table = entry_table(cfg, src, ctx)
+    table = page_table(ctx, pool.page)
     n_visible = ((rows.pos + 1) // attn.ratio).to(torch.int32)
-    args = (qI, w, pool.index_k[src], table, rows.req.to(torch.int32), n_visible, 1)
+    Pe = pool.page // cfg.ratio(src)  # entries per page
+    args = (qI, w, pool.index_k[src], table, rows.req.to(torch.int32), n_visible, Pe)
     K, NB, blk = cfg.index_topk, cfg.candidate_topk_blocks, cfg.candidate_block_size
     fast = _indexer_fast(cfg)
     if cfg.uses_candidates(i):
@@ -83,7 +86,11 @@ def attend(attn, q, topk, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Ten
     if topk is not None and topk.shape[1]:
         src = cfg.source_layer_of(attn.layer_id)
         kv = pool.main[src]
-        topk_slots = entry_slots(entry_table(cfg, src, ctx), rows.req, topk)
+        req = rows.req[:, None].expand_as(topk).reshape(-1)
+        rows_of = slot_of(
+            page_table(ctx, pool.page), topk.reshape(-1), req, pool.page // cfg.ratio(src)
+        )
+        topk_slots = rows_of.view(topk.shape).to(torch.int32)  # [T, TOPK]
     return sparse_attention(
         q,
         swa[0],

@@ -60,12 +60,12 @@ class ForwardShared:
 
     topk        index source layer -> int64 [T_batch, TOPK] entry ids, -1 padded
     candidates  int32 [T_batch, NB] candidate pool block ids of the candidate source (-1 padded)
-    entry_table kv source layer -> int32 [B, n_max] buffer row of entry s of request b
+    page_table  int32 [B, n_pages] page ids of the batch's requests (serving.attention)
     """
 
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
     candidates: torch.Tensor | None = None
-    entry_table: dict[int, torch.Tensor] = field(default_factory=dict)
+    page_table: torch.Tensor | None = None
 
 
 @dataclass
@@ -73,17 +73,19 @@ class BatchContext:
     """Everything the cached attention needs about one forward batch.
 
     rows: the batch rows; req_pool int64 [B] request slots; req_to_token int32 [R, ctx] the
-    slot table (token position -> full slot); seq_lens int64 [B] lengths after this forward and
-    max_seq_len their maximum (host int); floors int64 [B] decoder SWA floor per request (bounded
-    replay; 0 = full forward); out_loc int64 [T] full slots of the batch rows; replaying: some
-    row lies below its request's floor (host flag, set for extend batches; decode rows never do).
+    slot table (token position -> full slot); seq_lens int64 [B] lengths after this forward;
+    table_len the positions per request that page tables cover (host int: the longest sequence
+    of the batch, or the slot table's width under CUDA graphs); floors int64 [B] decoder SWA
+    floor per request (bounded replay; 0 = full forward); out_loc int64 [T] full slots of the
+    batch rows; replaying: some row lies below its request's floor (host flag, set for extend
+    batches; decode rows never do).
     """
 
     rows: Rows
     req_pool: torch.Tensor
     req_to_token: torch.Tensor
     seq_lens: torch.Tensor
-    max_seq_len: int
+    table_len: int
     floors: torch.Tensor
     out_loc: torch.Tensor
     replaying: bool = False
@@ -113,3 +115,19 @@ def rows_from_lens(prefix: torch.Tensor, extend: torch.Tensor, total: int) -> Ro
     start = torch.cumsum(extend, 0) - extend  # [B]
     ids = torch.arange(total, device=dev)
     return Rows(ids, prefix[req] + ids - start[req], req)
+
+
+def decode_context(
+    req_pool: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_loc: torch.Tensor,
+    req_to_token: torch.Tensor,
+    floors: torch.Tensor,
+    table_len: int,
+) -> BatchContext:
+    """The context of a decode batch (one new token per request) from its device tensors alone:
+    no host sync, static shapes, so it can be built inside a CUDA graph capture.
+    req_pool, seq_lens (after this step), out_loc int64 [B]; floors int64 [B]."""
+    B = seq_lens.numel()
+    rows = rows_from_lens(seq_lens - 1, torch.ones_like(seq_lens), B)
+    return BatchContext(rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc)

@@ -60,8 +60,9 @@ def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor)
         in_fwd, Bn * W + first[:, None] + kpos - p0[:, None], rows.req[:, None] * W + kpos % W
     )
     slots = torch.where(ok, slots, torch.full_like(slots, -1)).to(torch.int32)
-    keep = rows.pos > rows.pos[rows.last_row()] - W  # the request's last W rows of this forward
-    ring[rp[keep], rows.pos[keep] % W] = new[keep]
+    # keep each request's last W rows of this forward; other rows go to the padding slot 0
+    keep = rows.pos > rows.pos[rows.last_row()] - W
+    ring[torch.where(keep, rp, torch.zeros_like(rp)), rows.pos % W] = new
     return scratch, slots
 
 
@@ -75,31 +76,34 @@ def _pairs(rows: Rows, r: int):
 
 def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
     """Full layer: write the main-KV and index-K entries completed by these rows (ratio 1 or 2;
-    a ratio-2 request's unpaired token waits in pool.pending[layer][request slot])."""
+    a ratio-2 request's unpaired token waits in pool.pending[layer][request slot]).
+
+    Static shapes, no host sync: every row computes a latent (rows that complete no entry store
+    nothing: slot -1), so decode runs inside a CUDA graph. Row-wise math, so the completed
+    entries' bytes do not depend on the rows around them.
+    """
     i, r = attn.layer_id, attn.ratio
     if r not in (1, 2):
         raise NotImplementedError(f"dsv41 serving: compress ratio {r} (layer {i})")
     c, z = attn.compressor.project(x)  # [T, D] fp32 each (z None at ratio 1)
     rp = ctx.req_pool[rows.req]  # [T]
     done, prev_same = _pairs(rows, r)
-    t = done.nonzero().flatten()  # rows that complete an entry (one sync for the size)
     if r == 2:
         # partner: the previous row of the same request, else the request's pending token
-        prev = (t - 1).clamp_min(0)
-        own = prev_same[t][:, None]
+        prev = (torch.arange(rows.n, device=c.device) - 1).clamp_min(0)
+        own = prev_same[:, None]
         pend = pool.pending[i]
-        cg = torch.stack((torch.where(own, c[prev], pend[rp[t], 0]), c[t]), 1)  # [m, 2, D]
-        zg = torch.stack((torch.where(own, z[prev], pend[rp[t], 1]), z[t]), 1)
+        cg = torch.stack((torch.where(own, c[prev], pend[rp, 0]), c), 1)  # [T, 2, D]
+        zg = torch.stack((torch.where(own, z[prev], pend[rp, 1]), z), 1)
         hold = rows.last_of_request() & ~done  # a request's last row, unpaired
-        pend[rp[hold], 0] = c[hold]
-        pend[rp[hold], 1] = z[hold]
+        dst = torch.where(hold, rp, torch.zeros_like(rp))  # others to the padding slot 0
+        pend[dst] = torch.stack((c, z), 1)
     else:
-        cg, zg = c[t][:, None], None
-    if t.numel() == 0:
-        return
-    latent = attn.compressor.pool(cg, zg)  # [m, D]
-    entry_pos = rows.pos[t] // r * r
-    dst = pool.entry_rows(i, ctx.req_to_token[rp[t], entry_pos].long())
+        cg, zg = c[:, None], None
+    latent = attn.compressor.pool(cg, zg)  # [T, D]
+    entry_pos = rows.pos // r * r
+    rows_at = pool.entry_rows(i, ctx.req_to_token[rp, entry_pos].long())
+    dst = torch.where(done, rows_at, torch.full_like(rows_at, -1))
     store_latent(
         latent.float(),
         entry_pos,

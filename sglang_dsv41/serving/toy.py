@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from sglang_dsv41.serving.buffers import RecordBuffers
-from sglang_dsv41.serving.context import BatchContext, build_rows
+from sglang_dsv41.serving.context import BatchContext, build_rows, decode_context
 from sglang_dsv41.serving.layer_loop import run_layers
 
 PAGE = 2
@@ -25,15 +25,17 @@ class ToyEngine:
     def __init__(
         self, model, max_len=512, n_pages=2048, seed=0, replay=False, device="cpu", max_requests=8
     ):
-        self.model, self.cfg, self.dev = model, model.cfg, device
+        self.model, self.cfg, self.dev = model, model.cfg, torch.device(device)
         slots = n_pages * PAGE
         self.pool = RecordBuffers(self.cfg, replay, slots, slots, PAGE, max_requests, device)
         g = torch.Generator().manual_seed(seed)
         self.free = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()  # page 0 = padding
         self.swa_free = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()
         self.mapping = torch.zeros(slots + PAGE + 1, dtype=torch.int64)
-        self.pool.register_mapping(self.mapping.to(device))
         self.req_to_token = torch.zeros(max_requests + 1, max_len, dtype=torch.int32)
+        # device mirrors, updated in place (a CUDA graph reads them at fixed addresses)
+        self.pool.register_mapping(self.mapping.to(self.dev))
+        self.r2t = self.req_to_token.to(self.dev)
         self.lens, self.tokens = {}, {}
 
     def share_prefix(self, src: int, dst: int, n: int):
@@ -42,6 +44,15 @@ class ToyEngine:
         self.req_to_token[dst, :n] = self.req_to_token[src, :n]
         self.lens[dst] = n
         self.tokens[dst] = list(self.tokens[src][:n])
+
+    def release(self, r: int):
+        """Request slot r finishes: its pages go back to the allocators."""
+        n = self.lens.pop(r, 0)
+        for pos in range(0, n, PAGE):
+            full = int(self.req_to_token[r, pos])
+            self.free.append(full // PAGE)
+            self.swa_free.append(int(self.mapping[full]) // PAGE)
+        self.tokens.pop(r, None)
 
     def _slot(self, r, pos):
         if pos % PAGE == 0:
@@ -52,44 +63,75 @@ class ToyEngine:
             self.req_to_token[r, pos] = self.req_to_token[r, pos - 1] + 1
         return int(self.req_to_token[r, pos])
 
-    def step(self, work, floors=None):
-        """work: list of (request slot r, new token ids) -> next-token logits fp32 [B, V].
-        floors: per request of `work`, its decoder replay floor (set when it starts a prefill)."""
-        d = self.dev
+    @staticmethod
+    def is_decode(prefix, extend, floors) -> bool:
+        return floors is None and all(n == 1 for n in extend) and all(p > 0 for p in prefix)
+
+    def table_len(self, seq) -> int:
+        """As the backend: decode page tables span the slot table's width on CUDA."""
+        return self.req_to_token.shape[1] if self.dev.type == "cuda" else max(seq)
+
+    def admit(self, work, floors=None):
+        """Host bookkeeping of one forward: request starts, slot allocation, device mirrors.
+        Returns (prefix, extend, seq, out_loc) host lists."""
         prefix = [self.lens.get(r, 0) for r, _ in work]
         extend = [len(t) for _, t in work]
         n1 = self.pool.engram_tail.shape[1]
         for b, ((r, _), p) in enumerate(zip(work, prefix, strict=True)):
-            if extend[b] > 1 or p == 0 or floors is not None:
-                tail = ([-1] * n1 + self.tokens.get(r, [])[:p])[len(self.tokens.get(r, [])[:p]) :]
+            if not self.is_decode([p], [extend[b]], floors):
+                hist = self.tokens.get(r, [])[:p]
+                tail = ([-1] * n1 + hist)[len(hist) :]
                 self.pool.start_request(r, floors[b] if floors else 0, tail)
         out_loc = [
             self._slot(r, p + k)
             for (r, _), p, n in zip(work, prefix, extend, strict=True)
             for k in range(n)
         ]
-        self.pool.register_mapping(self.mapping.to(d))
-        rows = build_rows(prefix, extend, d)
-        req_pool = torch.tensor([r for r, _ in work], device=d)
+        self.pool.full_to_swa_index_mapping.copy_(self.mapping)
+        self.r2t.copy_(self.req_to_token)
         seq = [p + n for p, n in zip(prefix, extend, strict=True)]
-        ids = torch.tensor([t for _, toks in work for t in toks], dtype=torch.int64, device=d)
-        floors_t = self.pool.floor[req_pool]
-        ctx = BatchContext(
-            rows=rows,
-            req_pool=req_pool,
-            req_to_token=self.req_to_token.to(d),
-            seq_lens=torch.tensor(seq, device=d),
-            max_seq_len=max(seq),
-            floors=floors_t,
-            out_loc=torch.tensor(out_loc, device=d),
-            replaying=bool((rows.pos < floors_t[rows.req]).any()),
-        )
-        h = run_layers(self.model, ids, ctx, self.pool)
+        return prefix, extend, seq, out_loc
+
+    def finish(self, work, seq):
         for (r, toks), s in zip(work, seq, strict=True):
             self.lens[r] = s
             self.tokens[r] = self.tokens.get(r, [])[: s - len(toks)] + list(toks)
-        last = torch.tensor(seq, device=d) - torch.tensor(prefix, device=d)
-        last = torch.cumsum(last, 0) - 1
+
+    def step(self, work, floors=None):
+        """work: list of (request slot r, new token ids) -> next-token logits fp32 [B, V].
+        floors: per request of `work`, its decoder replay floor (set when it starts a prefill)."""
+        return self.forward(*self.prepare(work, floors))
+
+    def prepare(self, work, floors=None):
+        """The host part of a step: bookkeeping and the batch's tensors -> (ids, ctx, last)."""
+        d = self.dev
+        prefix, extend, seq, out_loc = self.admit(work, floors)
+        self.finish(work, seq)
+        req_pool = torch.tensor([r for r, _ in work], device=d)
+        ids = torch.tensor([t for _, toks in work for t in toks], dtype=torch.int64, device=d)
+        seq_t = torch.tensor(seq, device=d)
+        out_t = torch.tensor(out_loc, device=d)
+        last = torch.cumsum(torch.tensor(extend, device=d), 0) - 1
+        floors_t = self.pool.floor[req_pool]
+        if self.is_decode(prefix, extend, floors):
+            ctx = decode_context(req_pool, seq_t, out_t, self.r2t, floors_t, self.table_len(seq))
+            return ids, ctx, last
+        rows = build_rows(prefix, extend, d)
+        ctx = BatchContext(
+            rows=rows,
+            req_pool=req_pool,
+            req_to_token=self.r2t,
+            seq_lens=seq_t,
+            table_len=max(seq),
+            floors=floors_t,
+            out_loc=out_t,
+            replaying=bool((rows.pos < floors_t[rows.req]).any()),
+        )
+        return ids, ctx, last
+
+    def forward(self, ids, ctx, last):
+        """The device part of a step: the layer loop and the head of each request's last row."""
+        h = run_layers(self.model, ids, ctx, self.pool)
         return self.model.head(h[last]).float()
 
 

@@ -6,6 +6,13 @@ lengths, output slots, slot table) into a `serving.context.BatchContext` built w
 the pool's device; the model's layers then read and write the `DSV41KVPool` through it
 (`serving.layer_loop`). Decode metadata needs no host sync; extend checks SGLang's positions and
 whether any row lies below its request's replay floor (one sync each, as SGLang's extend does).
+
+CUDA graphs (decode): SGLang captures one graph per padded batch size; the metadata is built
+inside the capture from the batch's static input tensors (request slots, sequence lengths,
+output slots), so a replay rebuilds it on the device. Padded rows point at request slot 0 and
+slot 0, the padding rows of every table and buffer. On CUDA, decode page tables span the slot
+table's whole width, in eager decode too, so a replay computes exactly what eager decode does.
+Prefill runs eager.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_dsv41.serving.context import BatchContext, rows_from_lens
+from sglang_dsv41.serving.context import BatchContext, decode_context, rows_from_lens
 
 BACKEND_NAME = "dsv41"
 
@@ -28,45 +35,61 @@ class DSV41AttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch):
         fb = forward_batch
-        mode = fb.forward_mode
-        if mode.is_idle():
+        if fb.forward_mode.is_idle():
             fb.dsv41_context = None
             return
+        fb.dsv41_context = self._context(fb)
+
+    def _context(self, fb) -> BatchContext:
         pool = self.token_to_kv_pool
         dev = self.req_to_token.device
+        decode = fb.forward_mode.is_decode()
         req_pool = fb.req_pool_indices.to(dev, torch.int64)
         seq_lens = fb.seq_lens.to(dev, torch.int64)
-        if mode.is_decode():
-            B = seq_lens.numel()
-            rows = rows_from_lens(seq_lens - 1, torch.ones_like(seq_lens), B)
-        else:
-            prefix = fb.extend_prefix_lens.to(dev, torch.int64)
-            extend = fb.extend_seq_lens.to(dev, torch.int64)
-            rows = rows_from_lens(prefix, extend, int(fb.extend_num_tokens))
-        seq_cpu = fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens.cpu()
+        out_loc = fb.out_cache_loc.to(dev, torch.int64)
         floors = pool.floor[req_pool]
-        replaying = False
-        if not mode.is_decode():
-            if fb.positions is not None and not torch.equal(fb.positions.to(dev).long(), rows.pos):
-                raise RuntimeError(
-                    "dsv41 backend: batch positions are not [prefix, seq) per request"
-                )
-            replaying = pool.replay and bool((rows.pos < floors[rows.req]).any())
+        if decode and dev.type == "cuda":
+            table_len = self.req_to_token.shape[1]
+            return decode_context(req_pool, seq_lens, out_loc, self.req_to_token, floors, table_len)
+        seq_cpu = fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens.cpu()
+        table_len = int(seq_cpu.max())
+        if decode:
+            return decode_context(req_pool, seq_lens, out_loc, self.req_to_token, floors, table_len)
+        prefix = fb.extend_prefix_lens.to(dev, torch.int64)
+        extend = fb.extend_seq_lens.to(dev, torch.int64)
+        rows = rows_from_lens(prefix, extend, int(fb.extend_num_tokens))
+        if fb.positions is not None and not torch.equal(fb.positions.to(dev).long(), rows.pos):
+            raise RuntimeError("dsv41 backend: batch positions are not [prefix, seq) per request")
+        replaying = pool.replay and bool((rows.pos < floors[rows.req]).any())
         # Kept on the batch, not the backend: SGLang may prepare the next batch's metadata while
         # this one is still running (overlap scheduling).
-        fb.dsv41_context = BatchContext(
+        return BatchContext(
             rows=rows,
             req_pool=req_pool,
             req_to_token=self.req_to_token,
             seq_lens=seq_lens,
-            max_seq_len=int(seq_cpu.max()),
+            table_len=table_len,
             floors=floors,
-            out_loc=fb.out_cache_loc.to(dev, torch.int64),
+            out_loc=out_loc,
             replaying=replaying,
         )
 
+    # ------------------------------------------------------------------ CUDA graphs (decode)
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        raise NotImplementedError("dsv41 backend: no CUDA graphs")
+        """Nothing to preallocate: the metadata is built inside each captured graph."""
+        self.cuda_graph_max_bs = max_bs
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        if not forward_batch.forward_mode.is_decode():
+            raise NotImplementedError(
+                "dsv41 backend: CUDA graphs capture decode only (prefill runs eager)"
+            )
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        forward_batch.dsv41_context = self._context(forward_batch)
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
 
 
 def create_backend(model_runner):

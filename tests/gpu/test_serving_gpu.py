@@ -1,9 +1,10 @@
-"""The kernel serving path on CUDA with the tiny checkpoint (tools.make_checkpoint), driven by a
+"""The cached serving path on CUDA with the tiny checkpoint (tools.make_checkpoint), driven by a
 toy scheduler through `serving.layer_loop`: Triton stores and sparse attention on SM90+; the
 indexer's torch reference on the device (tiny's DI=32 / HI=2 / blocks of 4 are outside the Triton
 indexer's shapes). Prompts exceed the window (16), top-k (8 entries) and candidate pool (12
 blocks x 4); prefill is chunked at odd sizes (ratio-2 pending tokens), then decode; the replay
-case runs decoder bounded replay (rings).
+case runs decoder bounded replay (rings). SWA records sit at SWA slots through the toy's full ->
+SWA mapping, as under SGLang's hybrid SWA allocator.
 
 1. Per layer, on the same inputs: Triton vs the dispatchers' torch references on the device
    (DSV41_FORCE_REF=1): pool bytes equal after compress / write_swa, attention within bf16 error.
@@ -19,7 +20,6 @@ DSV41_GPU_REPORT=path writes the numbers as JSON.
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import os
 import time
@@ -102,7 +102,7 @@ def _compare(ref, prompts, got, new, replay):
 
 
 def _case(ref, case):
-    """(prompts, chunk, floors, replay, decoder_ring)."""
+    """(prompts, chunk, floors, replay, rings: the pool's replay layout)."""
     from sglang_dsv41.serving.toy import prompts
 
     if case == "chunked":
@@ -113,7 +113,7 @@ def _case(ref, case):
 
 
 class Probe:
-    """Wraps serving.kernel_path.attention_layer: each step with Triton and with the torch
+    """Wraps serving.attention.attention_layer: each step with Triton and with the torch
     references on copies of the live pool, same inputs; then the Triton layer runs on."""
 
     def __init__(self, monkeypatch):
@@ -147,23 +147,24 @@ class Probe:
 
     def __call__(self, attn, x, rows, ctx, pool, floor, x_all=None, rows_all=None):
         from sglang_dsv41.config import FULL
-        from sglang_dsv41.serving import kernel_path as kp
+        from sglang_dsv41.serving import attention as kp
+        from sglang_dsv41.serving import stores
 
         cfg, i = attn.cfg, attn.layer_id
         pa, pb = copy.deepcopy(pool), copy.deepcopy(pool)
         if attn.role == FULL:
             xa, ra = (x, rows) if x_all is None else (x_all, rows_all)
-            kp.compress(attn, xa, ra, ctx, pa)
+            stores.compress(attn, xa, ra, ctx, pa)
             self._ref(True)
-            kp.compress(attn, xa, ra, ctx, pb)
+            stores.compress(attn, xa, ra, ctx, pb)
             self._ref(False)
             self._cmp(pa, pb)
             self.stats["compress"] += 1
         if rows.n:
             q, _ = attn.query(x, rows.pos)
-            swa_a = kp.write_swa(attn, x, rows, ctx, pa, floor)
+            swa_a = stores.write_swa(attn, x, rows, ctx, pa, floor)
             self._ref(True)
-            swa_b = kp.write_swa(attn, x, rows, ctx, pb, floor)
+            swa_b = stores.write_swa(attn, x, rows, ctx, pb, floor)
             self._ref(False)
             self._cmp(pa, pb)
             self.stats["slot_diffs"] += int((swa_a[1] != swa_b[1]).sum())
@@ -172,7 +173,7 @@ class Probe:
         if rows.n:
             topk = None
             if attn.ratio:
-                topk = ctx.shared[("topk", cfg.index_source_of(i))][rows.ids]
+                topk = ctx.shared.topk[cfg.index_source_of(i)][rows.ids]
             oa = kp.attend(attn, q, topk, rows, ctx, pa, swa_a)
             self._ref(True)
             ob = kp.attend(attn, q, topk, rows, ctx, pb, swa_b)
@@ -194,13 +195,11 @@ def test_kernels_equal_references_inside_serving(models, report, monkeypatch, ca
     assert use_triton(dev) or DEVICE != "cuda", "the kernel path needs SM90+ and Triton"
     counts = _launch_counts(monkeypatch)
     probe = Probe(monkeypatch)
-    from sglang_dsv41.sglang.layer_loop import run_layers
+    from sglang_dsv41.serving import layer_loop
 
     ps, chunk, floors, _, ring = _case(ref, case)
-    run = functools.partial(run_layers, attention=probe)
-    serve(
-        ToyEngine(dev_model, run, device=dev, decoder_ring=ring), ps, 4, chunk=chunk, floors=floors
-    )
+    monkeypatch.setattr(layer_loop, "attention_layer", probe)
+    serve(ToyEngine(dev_model, device=dev, replay=ring), ps, 4, chunk=chunk, floors=floors)
     report["probe_" + case] = {**probe.stats, "launches": dict(counts)}
     print(case, probe.stats, counts)
     st = probe.stats
@@ -213,10 +212,9 @@ def test_kernels_equal_references_inside_serving(models, report, monkeypatch, ca
 def _forced(model, dev, ps, chunk, floors, ring, tokens):
     """Logits fp32 [steps][B, V] of the kernel path fed the prompts, then `tokens` (teacher
     forcing, one list per prompt)."""
-    from sglang_dsv41.serving import layer_loop
     from sglang_dsv41.serving.toy import ToyEngine
 
-    eng = ToyEngine(model, layer_loop.run_layers, device=dev, decoder_ring=ring)
+    eng = ToyEngine(model, device=dev, replay=ring)
     todo = {r: list(p) for r, p in enumerate(ps, start=1)}
     last = {}
     while todo:
@@ -238,7 +236,6 @@ def _forced(model, dev, ps, chunk, floors, ring, tokens):
 @torch.no_grad()
 @pytest.mark.parametrize("case", ["chunked", "replay"])
 def test_kernel_path_against_cpu_reference(models, report, monkeypatch, case):
-    from sglang_dsv41.serving import layer_loop
     from sglang_dsv41.serving.toy import ToyEngine, serve
 
     ref, dev_model = models
@@ -254,7 +251,7 @@ def test_kernel_path_against_cpu_reference(models, report, monkeypatch, case):
         _sync()
         t0 = time.perf_counter()
         got = serve(
-            ToyEngine(dev_model, layer_loop.run_layers, device=dev, decoder_ring=ring),
+            ToyEngine(dev_model, device=dev, replay=ring),
             ps,
             new,
             chunk=chunk,
