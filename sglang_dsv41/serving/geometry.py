@@ -15,6 +15,8 @@ these bytes, the server's pool sizing budgets them, its startup log prints them 
     slots       the decoder SWA rings with replay on (a window of V41 records per decoder layer,
                 see buffers.py for why), the Engram n-gram tail and the replay floor; plus the
                 slot table row SGLang allocates per request slot (int32 per position of context).
+SGLang's hybrid SWA allocator also keeps an int64 full -> SWA mapping entry per full slot
+(MAPPING_BYTES); `total_bytes` charges it with the buffers.
 Buffers carry one page more than their slot count (slot 0 is SGLang's padding slot), and one
 request slot more (row 0 is padding).
 """
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 
 from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.kv.records import Layout, record_bytes
+
+MAPPING_BYTES = 8  # SGLang's full -> SWA mapping: int64 per full slot
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ class PoolGeometry:
         fixed = self.swa_buffer_bytes(swa_slots, page_size)
         fixed += (max_requests + 1) * self.bytes_per_request_slot(context_len)
         fixed += self.full_buffer_bytes(0, page_size)  # the padding page
-        per_token = self.global_bytes_per_token()
+        per_token = self.global_bytes_per_token() + MAPPING_BYTES
         tokens = int(max(budget - fixed, 0) // per_token) if per_token else 0
         tokens = tokens // page_size * page_size
         while (
@@ -140,9 +144,11 @@ class PoolGeometry:
         return tokens
 
     def total_bytes(self, full, swa, page_size, max_requests, context_len) -> int:
-        """Our buffers plus SGLang's slot table rows: what a pool of these sizes costs."""
+        """Our buffers plus SGLang's slot table rows and full -> SWA mapping: what a pool of
+        these sizes costs."""
         table = (max_requests + 1) * 4 * context_len
-        return self.buffer_bytes(full, swa, page_size, max_requests) + table
+        mapping = (full + page_size + 1) * MAPPING_BYTES
+        return self.buffer_bytes(full, swa, page_size, max_requests) + table + mapping
 
 
 def swa_slots_needed(

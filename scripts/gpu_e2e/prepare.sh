@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Prepare, on this CPU machine, what run_on_device.sh needs on the lent GPU machine (which has
+# torch 2.11 + Triton 3.6 but no SGLang and no network). Run from the repository root:
+#   bash scripts/gpu_e2e/prepare.sh            (~5-8 min the first time, mostly xz)
+# Writes .gpu_e2e/ (git-ignored):
+#   whl/                         sglang 0.5.23 and the wheels in wheels.txt (cp312, x86_64),
+#                                and this checkout's own wheel
+#   carry/site-sglang.tar.xz     sglang installed with pip --target, xz-packed (zipped wheels
+#   carry/site-deps.tar.xz       are over the 64 MiB a device call carries; xz makes ~42 MB)
+#   carry/reference.json         prompts and the CPU oracle's answers (reference.py)
+# Then, with the device tool: run(command="bash scripts/gpu_e2e/run_on_device.sh",
+#   carry=[".gpu_e2e/carry"], timeout_s=600).
+set -euo pipefail
+ROOT=$(git rev-parse --show-toplevel)
+cd "$ROOT"
+HERE=scripts/gpu_e2e
+PY=${PY:-$ROOT/.venv/bin/python}
+W=.gpu_e2e/whl
+C=.gpu_e2e/carry
+mkdir -p "$W" "$C"
+rm -f "$W"/*.whl
+PLAT=()
+for p in manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 \
+         manylinux_2_26_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+         manylinux_2_5_x86_64 manylinux1_x86_64; do
+  PLAT+=(--platform "$p")
+done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp "${PLAT[@]}" -d "$W" sglang==0.5.23 -r "$HERE/wheels.txt"
+# this checkout (tracked and untracked files) as a wheel: its entry point loads the plugin
+SRC=$(mktemp -d)
+trap 'rm -rf "$SRC"' EXIT
+git ls-files -z -co --exclude-standard | tar -c --null -T - -f - | tar -x -C "$SRC"
+"$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$W" "$SRC"
+
+pack() {  # ARCHIVE WHEEL...
+  local out=$1; shift
+  rm -rf "$SRC/site"
+  python3 -m pip install -q --no-deps --no-compile --no-index --only-binary=:all: \
+    --python-version 3.12 --implementation cp "${PLAT[@]}" --target "$SRC/site" "$@"
+  rm -rf "$SRC/site/bin"
+  tar -C "$SRC/site" -cf - --sort=name --mtime=@0 --owner=0 --group=0 . | xz -T0 -6 > "$out"
+}
+SGL=$(ls "$W"/sglang-0.5.23-*.whl)
+stamp=$(sha256sum "$SGL" | cut -c1-16)
+if [ "$(cat "$C/site-sglang.stamp" 2>/dev/null)" != "$stamp" ] || [ ! -s "$C/site-sglang.tar.xz" ]
+then
+  pack "$C/site-sglang.tar.xz" "$SGL"
+  echo "$stamp" > "$C/site-sglang.stamp"
+fi
+pack "$C/site-deps.tar.xz" $(ls "$W"/*.whl | grep -v "/sglang-0.5.23-")
+
+"$PY" -m sglang_dsv41.tools.make_checkpoint --preset tiny --force --out "$SRC/tiny" >/dev/null
+"$PY" "$HERE/reference.py" "$SRC/tiny" "$C/reference.json"
+du -sh "$C"/*
