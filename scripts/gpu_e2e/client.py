@@ -78,7 +78,7 @@ def alive():
 def judge(got, steps):
     """-> ('equal' | 'near_tie' | 'differs', first mismatch, oracle margin there)."""
     want = [s["token"] for s in steps]
-    k = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), None)
+    k = next((i for i, (x, y) in enumerate(zip(got, want, strict=False)) if x != y), None)
     if k is None and len(got) == len(want):
         return "equal", None, None
     if k is None:
