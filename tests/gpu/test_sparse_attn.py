@@ -3,6 +3,8 @@
 Bar (flash-attention's Hopper rule): error <= 2x the error of plain bf16 torch, both measured
 against the fp32 reference. Pools are poisoned with 0xFF (NaN in every record format) and only
 the referenced slots are written by the store kernel, so a read of an unwritten slot fails.
+Every head count a rank serves (8, 16, 32, 64 heads per GPU, and 128) runs the default plan and
+each kernel variant the plan can choose (`VARIANTS`), with this rank's slice of the sink.
 """
 
 import pytest
@@ -14,6 +16,7 @@ from sglang_dsv41.kernels.sparse_attn import (
     sparse_attention,
     sparse_attention_ref,
     swa_window_slots,
+    triton_flashmla,
 )
 from sglang_dsv41.kv.records import Layout, record_bytes
 
@@ -24,6 +27,22 @@ pytestmark = pytest.mark.skipif(
 
 DEV = torch.device("cuda")
 
+# Launch options of each kernel variant (kernels/sparse_attn/triton.py, Plan), by head count.
+VARIANTS = {
+    "direct16": dict(block_h=16, block_n=32, num_warps=4, swap=False),
+    "direct16_prefetch": dict(block_h=16, block_n=32, num_warps=4, swap=False, prefetch=True),
+    "direct16_n16_prefetch": dict(block_h=16, block_n=16, num_warps=4, swap=False, prefetch=True),
+    "swap_w8_prefetch": dict(block_h=16, block_n=64, num_warps=8, swap=True, prefetch=True),
+    "swap_w4_n32_prefetch": dict(block_h=16, block_n=32, num_warps=4, swap=True, prefetch=True),
+    "direct64": dict(block_h=64, block_n=32, num_warps=8, swap=False),
+    "direct64_n64": dict(block_h=64, block_n=64, num_warps=8, swap=False),
+    "direct64_skew": dict(block_h=64, block_n=32, num_warps=8, swap=False, skew=True),
+    "direct64_prefetch": dict(block_h=64, block_n=32, num_warps=8, swap=False, prefetch=True),
+}
+SMALL = ["direct16", "direct16_prefetch", "direct16_n16_prefetch", "swap_w8_prefetch"]
+SMALL += ["swap_w4_n32_prefetch"]
+LARGE = ["direct64", "direct64_n64", "direct64_skew", "direct64_prefetch"]
+
 
 def _pool(layout, D, n, used):
     """uint8 [n, B] full of NaN bytes, with fresh random records written at slots `used`."""
@@ -32,8 +51,9 @@ def _pool(layout, D, n, used):
     return pool
 
 
-def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0):
-    """T query tokens of 2 requests with their own positions, windows and top-k lists."""
+def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0, rank=1):
+    """T query tokens of 2 requests with their own positions, windows and top-k lists; the sink
+    is rank `rank`'s slice of a model-wide one (H heads per rank)."""
     B = 2
     req_index = torch.arange(T, device=DEV) % B
     pos = torch.randint(0, ctx, (T,), device=DEV)
@@ -54,7 +74,7 @@ def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0):
     swa = _pool(Layout.V41, D, B * ctx, used_sw)
     kv = _pool(layout, D, n_kv, used_kv)
     q = torch.randn(T, H, D, device=DEV).to(torch.bfloat16)
-    sink = torch.randn(H, device=DEV)
+    sink = torch.randn(H * (rank + 1), device=DEV)[rank * H :]
     return q, swa, sw, kv, tk, sink
 
 
@@ -63,7 +83,8 @@ def _check(q, swa, sw, kv, tk, layout, sink, **launch):
     bf = sparse_attention_ref(
         q, swa, sw, kv, tk, layout, sink, None, torch.float32, compute_dtype=torch.bfloat16
     )
-    out = sparse_attention(q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, **launch)
+    out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
+    sparse_attention(q, swa, sw, kv, tk, layout, sink, out=out, **launch)
     assert torch.isfinite(out).all()
     err = ((out - ref).norm() / ref.norm()).item()
     err_bf = ((bf - ref).norm() / ref.norm()).item()
@@ -72,13 +93,40 @@ def _check(q, swa, sw, kv, tk, layout, sink, **launch):
 
 
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-@pytest.mark.parametrize("H", [8, 16, 64, 128])
+@pytest.mark.parametrize("H", [8, 16, 32, 64, 128])
 @pytest.mark.parametrize("T", [1, 5, 40])
 def test_decode_and_prefill_shapes(layout, H, T):
     q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
     out, err, err_bf = _check(q, swa, sw, kv, tk, layout, sink)
     if T > 2:
         assert (out[2] == 0).all()  # only the sink: zero value
+
+
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+@pytest.mark.parametrize("T", [1, 40])
+@pytest.mark.parametrize(
+    "H, variant", [(h, v) for h in (8, 16, 32) for v in SMALL] + [(64, v) for v in LARGE + SMALL]
+)
+def test_every_variant_at_every_head_count(layout, T, H, variant):
+    """Each kernel variant the plan may pick, split (T = 1) and unsplit (T = 40)."""
+    q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
+    out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, **VARIANTS[variant])
+    if T > 2:
+        assert (out[2] == 0).all()
+
+
+@pytest.mark.skipif(not triton_flashmla.available(), reason="flash_mla is not installed")
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+@pytest.mark.parametrize("H", [64, 128])
+def test_flashmla_workspace_path(layout, H, monkeypatch):
+    """FlashMLA's sparse prefill over the dequantized workspace, in one chunk and token by token
+    (the workspace bound forced below the referenced slots)."""
+    q, swa, sw, kv, tk, sink = make_case(70, H, 512, 128, 512, layout, floor_every=3)
+    out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, flashmla=True)
+    assert (out[2] == 0).all()
+    monkeypatch.setattr(triton_flashmla, "MAX_ROWS", 1000)
+    chunked, _, _ = _check(q, swa, sw, kv, tk, layout, sink, flashmla=True)
+    torch.testing.assert_close(chunked, out, rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
@@ -100,6 +148,7 @@ def test_splits_and_tiles_agree(layout, block_h, block_n, num_warps, num_splits)
         block_h=block_h,
         block_n=block_n,
         num_warps=num_warps,
+        swap=False,
     )
 
 
@@ -111,16 +160,19 @@ def test_small_head_dim_no_sink_bf16_out():
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
-def test_swa_only_layer():
-    q, swa, sw, kv, tk, sink = make_case(6, 64, 512, 128, 16, Layout.V41_FP4)
+@pytest.mark.parametrize("H", [8, 64])
+def test_swa_only_layer(H):
+    q, swa, sw, kv, tk, sink = make_case(6, H, 512, 128, 16, Layout.V41_FP4)
     ref = sparse_attention_ref(q, swa, sw, None, None, Layout.V41_FP4, sink, None, torch.float32)
     out = sparse_attention(q, swa, sw, None, None, attn_sink=sink, out_dtype=torch.float32)
     assert ((out - ref).norm() / ref.norm()).item() < 1e-2
 
 
-def test_decode_graph_capture():
-    q, swa, sw, kv, tk, sink = make_case(8, 64, 512, 128, 512, Layout.V41_FP4)
-    out = torch.empty(8, 64, 512, dtype=torch.bfloat16, device=DEV)
+@pytest.mark.parametrize("H", [8, 16, 32, 64])
+@pytest.mark.parametrize("T", [1, 8, 128])
+def test_decode_graph_capture(H, T):
+    q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, Layout.V41_FP4)
+    out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=DEV)
     sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out)  # compile
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -148,4 +200,4 @@ def test_exact_path_fp32_q(layout, H, D, T):
             q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, num_splits=splits
         )
         err = ((out - ref).norm() / ref.norm()).item()
-        assert err < 2e-6, (splits, err)
+        assert err < 2e-6, (err, splits)
