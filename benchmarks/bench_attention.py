@@ -25,6 +25,7 @@ import json
 import multiprocessing as mp
 import os
 import subprocess
+import sys
 import time
 
 import torch
@@ -32,6 +33,7 @@ import triton
 import triton.language as tl
 
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
+from sglang_dsv41.kernels.sparse_attn import triton as sa
 from sglang_dsv41.kernels.sparse_attn.triton_kernel import _step
 from sglang_dsv41.kernels.sparse_attn.triton_records import deq, load_idx, raw
 from sglang_dsv41.kv.records import Layout, record_bytes
@@ -43,29 +45,7 @@ BATCHES = (1, 8, 32, 128, 256)
 PREFILL_T, PREFILL_CTX = 4096, 16384
 FM_HEADS = 64
 DEV = torch.device("cuda")
-
-SMALL = {  # H <= 32: block_h = max(16, H)
-    "direct_n32": dict(swap=False, block_n=32, num_warps=4),
-    "direct_n16_pf": dict(swap=False, block_n=16, num_warps=4, prefetch=True),
-    "swap_w8_n32_pf": dict(swap=True, block_n=32, num_warps=8, prefetch=True),
-    "swap_w4_n16_pf": dict(swap=True, block_n=16, num_warps=4, prefetch=True),
-}
-LARGE = {  # H = 64
-    "direct64_n32": dict(swap=False, block_h=64, block_n=32, num_warps=8),
-    "direct64_n64": dict(swap=False, block_h=64, block_n=64, num_warps=8),
-    "skew64_n32": dict(swap=False, block_h=64, block_n=32, num_warps=8, skew=True),
-    "pf64_n32": dict(swap=False, block_h=64, block_n=32, num_warps=8, prefetch=True),
-    "flashmla": dict(flashmla=True),
-}
-
-
-def variants(H: int) -> dict:
-    """Sweep variants at H heads: the small-head kernels (as 16-head blocks at H = 64)."""
-    bh = max(16, H) if H <= 32 else 16
-    small = {k: dict(v, block_h=bh) for k, v in SMALL.items()}
-    if bh > 16:  # a [32, 512] fp32 accumulator needs 8 warps
-        small["direct_n32"] = dict(small["direct_n32"], num_warps=8)
-    return small if H <= 32 else {**LARGE, **{f"{k}_bh16": v for k, v in small.items()}}
+ABLATE = [(64, 32, 8, False), (16, 32, 4, False), (16, 32, 8, True)]  # heads, BN, warps, swap
 
 
 def bench(fn) -> float:
@@ -183,18 +163,26 @@ def cases():
 
 
 def _warm(jobs):
-    """Compile (and run once) each (kind, n, H, layout, launch) job: fills Triton's disk cache."""
-    torch.cuda.init()
-    for kind, n, H, layout, launch in jobs:
-        ours_fn(kind, n, H, Layout(layout), launch)()
+    """Compile (and run once) each job: fills Triton's disk cache for the timing process.
+    A job is (kind, n, H, layout, launch) or ("ablate", H, BN, warps, swap)."""
+    for job in jobs:
+        if job[0] == "ablate":
+            ablation(*job[1:], T=256, timed=False)
+        else:
+            kind, n, H, layout, launch = job
+            ours_fn(kind, n, H, Layout(layout), launch)()
         torch.cuda.synchronize()
     return len(jobs)
 
 
 def warm_compile(jobs: list, procs: int) -> float:
+    """Run the jobs in `procs` processes; jobs likely to compile the same kernel (same heads,
+    layout and launch options) go to the same process, one after the other."""
     t0 = time.time()
     if procs > 1 and jobs:
-        chunks = [jobs[i::procs] for i in range(procs)]
+        chunks = [[] for _ in range(procs)]
+        for job in jobs:
+            chunks[hash(json.dumps(job[2:], sort_keys=True)) % procs].append(job)
         with mp.get_context("spawn").Pool(procs) as pool:
             pool.map(_warm, [c for c in chunks if c])
     return time.time() - t0
@@ -256,7 +244,7 @@ def _ablate_kernel(
     tl.store(o_ptr + i_t * BH * D + o_h[:, None] * D + o_d[None, :], o.to(tl.bfloat16))
 
 
-def ablation(H: int, BN: int, warps: int, swap: bool, T: int = PREFILL_T) -> dict:
+def ablation(H: int, BN: int, warps: int, swap: bool, T: int = PREFILL_T, timed=True) -> dict:
     """Graph-replay us of _ablate_kernel per MODE: H heads, FP4 records, T tokens x N entries."""
     kv = random_records(T * 2, 288)
     idx = torch.randint(0, T * 2, (T, N), device=DEV, dtype=torch.int32)
@@ -264,24 +252,21 @@ def ablation(H: int, BN: int, warps: int, swap: bool, T: int = PREFILL_T) -> dic
     o = torch.empty_like(q)
     res = {}
     for mode, name in enumerate(["full", "no_mma", "no_gather_dequant", "gather_only"]):
-        res[name] = graph_us(
-            lambda: _ablate_kernel[(T,)](
-                q,
-                kv,
-                kv.stride(0),
-                idx,
-                o,
-                N,
-                0.06,
-                D=D,
-                BH=H,
-                BN=BN,
-                SWAP=swap,
-                MODE=mode,
+
+        def fn():
+            _ablate_kernel[(T,)](
+                q, kv, kv.stride(0), idx, o, N, 0.06, D=D, BH=H, BN=BN, SWAP=swap, MODE=mode,
                 num_warps=warps,
-            )
-        )
+            )  # fmt: skip
+
+        res[name] = graph_us(fn) if timed else fn()
     return res
+
+
+def save(res: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
 
 
 def commit() -> str:
@@ -314,9 +299,11 @@ def main():
             for layout in (Layout.V41_FP4, Layout.V41):
                 jobs.append((kind, n, H, layout.value, {}))
             if args.sweep:
-                for launch in variants(H).values():
+                for launch in sa.variants_for(H).values():
                     if not launch.get("flashmla") or kind == "prefill":
                         jobs.append((kind, n, H, Layout.V41_FP4.value, launch))
+    if args.ablate:
+        jobs += [("ablate", *cfg) for cfg in ABLATE]
     res["compile_s"] = warm_compile(jobs, args.jobs)
     print(f"compiled {len(jobs)} launches in {res['compile_s']:.0f} s", flush=True)
 
@@ -330,7 +317,8 @@ def main():
     res["flashmla_64_heads"] = {f"{k}_{n}": t for (k, n), t in peer.items()}
     print("FlashMLA (64 heads):", {f"{k} {n}": round(t, 1) for (k, n), t in peer.items()})
 
-    rows = []
+    rows, errors = [], []
+    res["errors"] = errors
     for H in heads:
         for kind, n in cases():
             row = dict(H=H, kind=kind, n=n, flashmla_us=peer[(kind, n)])
@@ -345,27 +333,33 @@ def main():
             row["ratio_fp4"] = row["ours_fp4_us"] / row["flashmla_us"]
             row["ratio_v41"] = row["ours_v41_us"] / row["flashmla_us"]
             if args.sweep:
-                row["sweep_fp4_us"] = {
-                    name: graph_us(ours_fn(kind, n, H, Layout.V41_FP4, launch))
-                    for name, launch in variants(H).items()
-                    if not launch.get("flashmla") or kind == "prefill"
-                }
+                row["sweep_fp4_us"] = {}
+                for name, launch in sa.variants_for(H).items():
+                    if launch.get("flashmla") and kind != "prefill":
+                        continue
+                    try:
+                        t = graph_us(ours_fn(kind, n, H, Layout.V41_FP4, launch))
+                    except Exception as exc:  # reported below and in the exit status
+                        errors.append(f"{name} at H={H} {kind} {n}: {type(exc).__name__}: {exc}")
+                        print("ERROR", errors[-1][:2000], flush=True)
+                        continue
+                    row["sweep_fp4_us"][name] = t
             rows.append(row)
             print(json.dumps(row), flush=True)
-    res["rows"] = rows
+            res["rows"] = rows
+            save(res, args.json)
 
     if args.ablate:
         res["ablation"] = {
-            "64 heads, tiles of 32, 8 warps, heads on M": ablation(64, 32, 8, False),
-            "16 heads, tiles of 32, 4 warps, heads on M": ablation(16, 32, 4, False),
-            "16 heads, tiles of 32, 8 warps, entries on M": ablation(16, 32, 8, True),
+            f"{H} heads, tiles of {BN}, {nw} warps, {'entries' if swap else 'heads'} on M": (
+                ablation(H, BN, nw, swap)
+            )
+            for H, BN, nw, swap in ABLATE
         }
         for k, v in res["ablation"].items():
             print(f"ablation (graph us, prefill {PREFILL_T} x {N} FP4), {k}: {v}")
 
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    save(res, args.json)
     print(f"\n{res['device']}, triton {res['triton']}, torch {res['torch']}, {res['commit']}")
     print("graph-replay us; FlashMLA runs 64 heads (padded) for every H; floor = roofline")
     print("  H | case         | ours fp4 | ours v41 | FlashMLA | fp4/FM | v41/FM | fp4 floor")
@@ -375,9 +369,12 @@ def main():
             f"{r['ours_v41_us']:8.1f} | {r['flashmla_us']:8.1f} | {r['ratio_fp4']:6.2f} | "
             f"{r['ratio_v41']:6.2f} | {r['floor_fp4_us']:8.1f}"
         )
-        if args.sweep:
+        if r.get("sweep_fp4_us"):
             best = min(r["sweep_fp4_us"], key=r["sweep_fp4_us"].get)
             print(f"      best variant {best}: {r['sweep_fp4_us'][best]:.1f}")
+    if errors:
+        print("\n".join(["FAILED:"] + errors))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

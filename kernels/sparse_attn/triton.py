@@ -32,7 +32,7 @@ LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "num_splits"])
 def combine_kernel(
     part_ptr,  # fp32 [T, NS, H, D], each split's normalized output
     lse_ptr,  # fp32 [T, NS, H], base-2 log-sum-exp (-inf: the split saw nothing)
@@ -97,6 +97,31 @@ class Plan:
     num_splits: int | None = None
     per_sm: int = 1
     flashmla: bool = False
+
+
+_SMALL = {  # kernels for 8 to 32 heads per program (block_h = max(16, H))
+    "direct_n32": dict(swap=False, block_n=32, num_warps=4),
+    "direct_n16_pf": dict(swap=False, block_n=16, num_warps=4, prefetch=True),
+    "swap_w8_n32_pf": dict(swap=True, block_n=32, num_warps=8, prefetch=True),
+    "swap_w4_n16_pf": dict(swap=True, block_n=16, num_warps=4, prefetch=True),
+}
+_LARGE = {  # 64 heads per program
+    "direct64_n32": dict(swap=False, block_h=64, block_n=32, num_warps=8),
+    "direct64_n64": dict(swap=False, block_h=64, block_n=64, num_warps=8),
+    "skew64_n32": dict(swap=False, block_h=64, block_n=32, num_warps=8, skew=True),
+    "pf64_n32": dict(swap=False, block_h=64, block_n=32, num_warps=8, prefetch=True),
+}
+
+
+def variants_for(H: int) -> dict:
+    """Named launch options (fields of `Plan`) of every variant `plan_for` chooses from at H
+    heads; the GPU tests run each, benchmarks/bench_attention.py --sweep times each."""
+    bh = max(16, triton.next_power_of_2(H)) if H <= 32 else 16
+    warps = {} if bh <= 16 else {"num_warps": 8}  # a 32 x 512 fp32 accumulator needs 8 warps
+    small = {k: dict(v, block_h=bh, **warps) for k, v in _SMALL.items()}
+    if H <= 32:
+        return small
+    return {**_LARGE, **{f"{k}_bh16": v for k, v in small.items()}, "flashmla": dict(flashmla=True)}
 
 
 def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:

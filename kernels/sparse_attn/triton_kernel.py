@@ -131,7 +131,7 @@ def _walk(
     return m_i, l_i, acc, p_prev, k_prev
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "W", "TOPK", "num_splits"])
 def sparse_attn_kernel(
     q_ptr,  # [T, H, D]
     stride_qt,

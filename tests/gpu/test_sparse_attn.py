@@ -4,7 +4,7 @@ Bar (flash-attention's Hopper rule): error <= 2x the error of plain bf16 torch, 
 against the fp32 reference. Pools are poisoned with 0xFF (NaN in every record format) and only
 the referenced slots are written by the store kernel, so a read of an unwritten slot fails.
 Every head count a rank serves (8, 16, 32, 64 heads per GPU, and 128) runs the default plan and
-each kernel variant the plan can choose (`VARIANTS`), with this rank's slice of the sink.
+each kernel variant the plan can choose (`triton.variants_for`), with this rank's slice of the sink.
 """
 
 import pytest
@@ -18,6 +18,7 @@ from sglang_dsv41.kernels.sparse_attn import (
     swa_window_slots,
     triton_flashmla,
 )
+from sglang_dsv41.kernels.sparse_attn import triton as tri
 from sglang_dsv41.kv.records import Layout, record_bytes
 
 pytestmark = pytest.mark.skipif(
@@ -26,22 +27,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 DEV = torch.device("cuda")
-
-# Launch options of each kernel variant (kernels/sparse_attn/triton.py, Plan), by head count.
-VARIANTS = {
-    "direct16": dict(block_h=16, block_n=32, num_warps=4, swap=False),
-    "direct16_prefetch": dict(block_h=16, block_n=32, num_warps=4, swap=False, prefetch=True),
-    "direct16_n16_prefetch": dict(block_h=16, block_n=16, num_warps=4, swap=False, prefetch=True),
-    "swap_w8_prefetch": dict(block_h=16, block_n=64, num_warps=8, swap=True, prefetch=True),
-    "swap_w4_n32_prefetch": dict(block_h=16, block_n=32, num_warps=4, swap=True, prefetch=True),
-    "direct64": dict(block_h=64, block_n=32, num_warps=8, swap=False),
-    "direct64_n64": dict(block_h=64, block_n=64, num_warps=8, swap=False),
-    "direct64_skew": dict(block_h=64, block_n=32, num_warps=8, swap=False, skew=True),
-    "direct64_prefetch": dict(block_h=64, block_n=32, num_warps=8, swap=False, prefetch=True),
-}
-SMALL = ["direct16", "direct16_prefetch", "direct16_n16_prefetch", "swap_w8_prefetch"]
-SMALL += ["swap_w4_n32_prefetch"]
-LARGE = ["direct64", "direct64_n64", "direct64_skew", "direct64_prefetch"]
 
 
 def _pool(layout, D, n, used):
@@ -105,12 +90,14 @@ def test_decode_and_prefill_shapes(layout, H, T):
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 @pytest.mark.parametrize("T", [1, 40])
 @pytest.mark.parametrize(
-    "H, variant", [(h, v) for h in (8, 16, 32) for v in SMALL] + [(64, v) for v in LARGE + SMALL]
+    "H, variant",
+    [(h, v) for h in (8, 16, 32, 64) for v in tri.variants_for(h) if v != "flashmla"],
 )
 def test_every_variant_at_every_head_count(layout, T, H, variant):
     """Each kernel variant the plan may pick, split (T = 1) and unsplit (T = 40)."""
     q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
-    out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, **VARIANTS[variant])
+    launch = dict(tri.variants_for(H)[variant], num_splits=None if T == 1 else 1)
+    out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, **launch)
     if T > 2:
         assert (out[2] == 0).all()
 
