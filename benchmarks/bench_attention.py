@@ -319,12 +319,22 @@ def main():
 
     rows, errors = [], []
     res["errors"] = errors
+
+    def timed(name, kind, n, H, layout, launch):
+        """Graph-replay us, or NaN with the error recorded (printed, and in the exit status)."""
+        try:
+            return graph_us(ours_fn(kind, n, H, layout, launch))
+        except Exception as exc:
+            errors.append(f"{name} at H={H} {kind} {n}: {type(exc).__name__}: {exc}")
+            print("ERROR", errors[-1][:2000], flush=True)
+            return float("nan")
+
     for H in heads:
         for kind, n in cases():
             row = dict(H=H, kind=kind, n=n, flashmla_us=peer[(kind, n)])
             for layout in (Layout.V41_FP4, Layout.V41):
                 key = "fp4" if layout is Layout.V41_FP4 else "v41"
-                row[f"ours_{key}_us"] = graph_us(ours_fn(kind, n, H, layout, {}))
+                row[f"ours_{key}_us"] = timed(f"default {key}", kind, n, H, layout, {})
                 flop, nbytes = work(kind, n, H, record_bytes(layout, D))
                 row[f"floor_{key}_us"] = max(
                     flop / ceil["bf16_TFLOPs"] / 1e6, nbytes / ceil["copy_TBps"] / 1e6
@@ -337,13 +347,7 @@ def main():
                 for name, launch in sa.variants_for(H).items():
                     if launch.get("flashmla") and kind != "prefill":
                         continue
-                    try:
-                        t = graph_us(ours_fn(kind, n, H, Layout.V41_FP4, launch))
-                    except Exception as exc:  # reported below and in the exit status
-                        errors.append(f"{name} at H={H} {kind} {n}: {type(exc).__name__}: {exc}")
-                        print("ERROR", errors[-1][:2000], flush=True)
-                        continue
-                    row["sweep_fp4_us"][name] = t
+                    row["sweep_fp4_us"][name] = timed(name, kind, n, H, Layout.V41_FP4, launch)
             rows.append(row)
             print(json.dumps(row), flush=True)
             res["rows"] = rows
