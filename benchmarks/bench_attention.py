@@ -192,7 +192,6 @@ def warm_compile(jobs: list, procs: int) -> float:
 def _ablate_kernel(
     q_ptr,
     kv_ptr,
-    kv_stride,
     idx_ptr,
     o_ptr,
     NE,
@@ -225,12 +224,12 @@ def _ablate_kernel(
         if MODE == 2:
             b_k = ((idx[:, None] + o_d[None, :]) & 7).to(tl.bfloat16)
         else:
-            b_v, b_s = raw(kv_ptr, kv_stride, idx, D, True)
+            b_v, b_s = raw(kv_ptr, 288, idx, D, 1)
             if MODE == 3:
                 keep += tl.sum(tl.sum(tl.sum(b_v.to(tl.float32), 2), 1), 0)
                 b_k = tl.zeros([BN, D], tl.bfloat16)
             else:
-                b_k = deq(b_v, b_s, D, BN, tl.bfloat16, True)
+                b_k = deq(b_v, b_s, D, BN, tl.bfloat16, 1)
         if MODE == 0 or MODE == 2:
             m_i, l_i, acc, _p, _k = _step(
                 b_q, b_k, idx >= 0, m_i, l_i, acc, 0.0, 0.0, qk_scale, SWAP, False, "tf32"
@@ -255,7 +254,7 @@ def ablation(H: int, BN: int, warps: int, swap: bool, T: int = PREFILL_T, timed=
 
         def fn():
             _ablate_kernel[(T,)](
-                q, kv, kv.stride(0), idx, o, N, 0.06, D=D, BH=H, BN=BN, SWAP=swap, MODE=mode,
+                q, kv, idx, o, N, 0.06, D=D, BH=H, BN=BN, SWAP=swap, MODE=mode,
                 num_warps=warps,
             )  # fmt: skip
 
@@ -332,6 +331,12 @@ def main():
     for H in heads:
         for kind, n in cases():
             row = dict(H=H, kind=kind, n=n, flashmla_us=peer[(kind, n)])
+            if args.sweep:  # first: a launch that breaks graph capture goes last (FlashMLA)
+                row["sweep_fp4_us"] = {}
+                for name, launch in sa.variants_for(H).items():
+                    if launch.get("flashmla") and kind != "prefill":
+                        continue
+                    row["sweep_fp4_us"][name] = timed(name, kind, n, H, Layout.V41_FP4, launch)
             for layout in (Layout.V41_FP4, Layout.V41):
                 key = "fp4" if layout is Layout.V41_FP4 else "v41"
                 row[f"ours_{key}_us"] = timed(f"default {key}", kind, n, H, layout, {})
@@ -342,12 +347,6 @@ def main():
             row["flop"], row["bytes_fp4"] = work(kind, n, H, 288)
             row["ratio_fp4"] = row["ours_fp4_us"] / row["flashmla_us"]
             row["ratio_v41"] = row["ours_v41_us"] / row["flashmla_us"]
-            if args.sweep:
-                row["sweep_fp4_us"] = {}
-                for name, launch in sa.variants_for(H).items():
-                    if launch.get("flashmla") and kind != "prefill":
-                        continue
-                    row["sweep_fp4_us"][name] = timed(name, kind, n, H, Layout.V41_FP4, launch)
             rows.append(row)
             print(json.dumps(row), flush=True)
             res["rows"] = rows

@@ -43,11 +43,9 @@ SIG = {
     "stride_qt": "i64",
     "stride_qh": "i64",
     "swa_ptr": "*u8",
-    "swa_stride": "i64",
     "swa_idx_ptr": "*i32",
     "stride_swt": "i64",
     "kv_ptr": "*u8",
-    "kv_stride": "i64",
     "kv_idx_ptr": "*i32",
     "stride_kvt": "i64",
     "sink_ptr": "*fp32",
@@ -62,6 +60,15 @@ SIG = {
     "num_splits": "i32",
     "qk_scale": "fp32",
 }
+
+
+def divisibility_attrs(sig: dict) -> dict:
+    """What the runtime specializes on: pointers, and strides (multiples of 16 here), by 16."""
+    div = {}
+    for i, (name, ty) in enumerate(sig.items()):
+        if ty.startswith("*") or name.startswith("stride"):
+            div[(i,)] = [["tt.divisibility", 16]]
+    return div
 
 
 def ptxas_report(ptx: str) -> dict:
@@ -88,7 +95,8 @@ def compile_variant(v, fp4: bool, split: bool) -> dict:
         D=512,
         BH=bh,
         BN=bn,
-        KV_FP4=fp4,
+        KV_FMT=int(fp4),
+        KV_RS=288 if fp4 else 528,
         HAS_SINK=True,
         SPLIT=split,
         SWAP=swap,
@@ -102,7 +110,7 @@ def compile_variant(v, fp4: bool, split: bool) -> dict:
     if split:
         sig["o_ptr"] = "*fp32"
     k = triton.compile(
-        ASTSource(sparse_attn_kernel, sig, const),
+        ASTSource(sparse_attn_kernel, sig, const, attrs=divisibility_attrs(sig)),
         target=GPUTarget("cuda", 90, 32),
         options=dict(num_warps=nw, num_stages=1),
     )

@@ -7,6 +7,7 @@
 #   OUT=/tmp/out WHL=path/to/wheels bash benchmarks/h200_attention.sh [bench_attention options]
 #
 # Stage limits (seconds): BENCH_S (default 200), TEST_S (default 100); JOBS compile processes.
+# INDEXER_S > 0 also runs benchmarks/bench_indexer.py for that long (JSON under $OUT).
 set -uo pipefail
 OUT=${OUT:?set OUT to a directory}
 WHL=${WHL:-.whl}
@@ -25,6 +26,11 @@ echo "bench rc=$?"
 timeout "${TEST_S:-100}" python3 -m pytest -q -n "$JOBS" -p no:cacheprovider \
     tests/gpu/test_sparse_attn.py > "$OUT/tests.log" 2>&1
 echo "tests rc=$?"
+if [ "${INDEXER_S:-0}" -gt 0 ]; then
+    timeout "$INDEXER_S" python3 benchmarks/bench_indexer.py --out "$OUT" > "$OUT/indexer.log" 2>&1
+    echo "indexer rc=$?"
+    tail -n 22 "$OUT/indexer.log"
+fi
 grep -E "passed|failed|error" "$OUT/tests.log" | tail -n 3
 grep -E "^FAILED|^ERROR" "$OUT/tests.log" | head -n 20
 tail -n 45 "$OUT/bench.log"

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from sglang_dsv41.kernels.dispatch import device_capability
 from sglang_dsv41.kernels.sparse_attn.triton_kernel import sparse_attn_kernel
+from sglang_dsv41.kernels.sparse_attn.triton_records import BF16, V41, V41_FP4
 
 LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
@@ -84,7 +85,8 @@ class Plan:
     block_h heads per program (a power of two >= 16), block_n entries per tile, num_warps,
     num_stages; swap: entries on M (see triton_kernel); skew / prefetch: see triton_kernel;
     num_splits: programs per (token, head block), None = fill the GPU `per_sm` times;
-    flashmla: FlashMLA's sparse prefill over a dequantized workspace (triton_flashmla).
+    flashmla: FlashMLA's sparse prefill over a dequantized workspace (triton_flashmla);
+    workspace: this kernel over that workspace's BF16 rows (triton_workspace).
     """
 
     block_h: int
@@ -97,6 +99,7 @@ class Plan:
     num_splits: int | None = None
     per_sm: int = 1
     flashmla: bool = False
+    workspace: bool = False
 
 
 _SMALL = {  # kernels for 8 to 32 heads per program (block_h = max(16, H))
@@ -104,6 +107,8 @@ _SMALL = {  # kernels for 8 to 32 heads per program (block_h = max(16, H))
     "direct_n16_pf": dict(swap=False, block_n=16, num_warps=4, prefetch=True),
     "swap_w8_n32_pf": dict(swap=True, block_n=32, num_warps=8, prefetch=True),
     "swap_w4_n16_pf": dict(swap=True, block_n=16, num_warps=4, prefetch=True),
+    "ws_direct_n32": dict(swap=False, block_n=32, num_warps=4, workspace=True, num_stages=3),
+    "ws_swap_w8_n32": dict(swap=True, block_n=32, num_warps=8, workspace=True, num_stages=3),
 }
 _LARGE = {  # 64 heads per program
     "direct64_n32": dict(swap=False, block_h=64, block_n=32, num_warps=8),
@@ -175,7 +180,6 @@ def sparse_attention(
     T, H, D = q.shape
     if T == 0:
         return out
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
     exact = q.dtype == torch.float32
     unknown = set(launch) - {f.name for f in dataclasses.fields(Plan)}
     if unknown:
@@ -187,7 +191,32 @@ def sparse_attention(
         return triton_flashmla.sparse_attention(
             q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out
         )
-    W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
+    if plan.workspace:
+        from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
+
+        empty = swa_slots[:, :0]
+        for t0, t1 in tw.token_chunks(swa_flat, swa_slots, kv_flat, topk_slots):
+            ws, rows = tw.build_workspace(
+                swa_flat, swa_slots[t0:t1], kv_flat, topk_slots[t0:t1], kv_fp4, D
+            )
+            _launch(q[t0:t1], swa_flat, empty[t0:t1], ws, rows, BF16, attn_sink, scale,
+                    out[t0:t1], plan)  # fmt: skip
+        return out
+    kv_fmt = V41_FP4 if kv_fp4 else V41
+    return _launch(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fmt, attn_sink, scale, out, plan)
+
+
+def _launch(q, swa_flat, swa_slots, kv_rows, kv_slots, kv_fmt, attn_sink, scale, out, plan):
+    """One kernel launch (plus the merge when split) over the SWA records and kv_rows [S', RS]
+    in format kv_fmt (V41, V41_FP4 or BF16 rows)."""
+    T, H, D = q.shape
+    W, TOPK = swa_slots.shape[1], kv_slots.shape[1]
+    if W and swa_flat.stride(0) != D + D // 32:
+        raise ValueError(f"swa_flat rows must be contiguous records of {D + D // 32} B")
+    if TOPK and kv_rows.stride(0) != kv_rows.shape[1]:
+        raise ValueError(f"kv rows must be contiguous, got strides {kv_rows.stride()}")
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    exact = q.dtype == torch.float32
     BH, BN = plan.block_h, plan.block_n
     head_blocks = triton.cdiv(H, BH)
     n_tiles = triton.cdiv(W, BN) + triton.cdiv(TOPK, BN)
@@ -207,13 +236,11 @@ def sparse_attention(
         q.stride(0),
         q.stride(1),
         swa_flat,
-        swa_flat.stride(0),
         swa_slots,
         swa_slots.stride(0),
-        kv_flat,
-        kv_flat.stride(0),
-        topk_slots,
-        topk_slots.stride(0),
+        kv_rows,
+        kv_slots,
+        kv_slots.stride(0),
         sink,
         o_t,
         *o_args,
@@ -226,7 +253,8 @@ def sparse_attention(
         D=D,
         BH=BH,
         BN=BN,
-        KV_FP4=kv_fp4,
+        KV_FMT=kv_fmt,
+        KV_RS=kv_rows.shape[1],
         HAS_SINK=attn_sink is not None,
         SPLIT=split,
         SWAP=plan.swap,

@@ -1,7 +1,8 @@
 """The Triton sparse-attention kernel: one query token x a block of heads x a split of its entries.
 
 A token's entry list is the SWA segment (W slots into the V41 cache) followed by the top-k
-segment (TOPK slots into the V41_FP4 or V41 main-KV cache), walked in tiles of BN entries; the
+segment (TOPK slots into the V41_FP4 or V41 main-KV cache, or into a BF16 workspace of
+dequantized records: `triton_workspace`), walked in tiles of BN entries; the
 split (program axis 2) takes a contiguous range of tiles. MQA: each K tile is gathered and
 dequantized once per program and serves every head of the block, as keys and as values, in an
 online softmax in base 2. Two orientations of the two products (compile-time SWAP):
@@ -86,7 +87,7 @@ def _walk(
     p_idx,
     n,
     base,
-    stride,
+    RS: tl.constexpr,
     t0,
     t1,
     m_i,
@@ -97,22 +98,23 @@ def _walk(
     qk_scale,
     D: tl.constexpr,
     BN: tl.constexpr,
-    FP4: tl.constexpr,
+    FMT: tl.constexpr,
     SWAP: tl.constexpr,
     SKEW: tl.constexpr,
     PREFETCH: tl.constexpr,
     DT: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Tiles t0 .. t1 - 1 of one segment: n slots at p_idx into the records at base."""
+    """Tiles t0 .. t1 - 1 of one segment: n slots at p_idx into the rows (format FMT, stride RS)
+    at base."""
     if PREFETCH:
         idx = load_idx(p_idx, t0, n, t0 < t1, BN)
-        b_v, b_s = raw(base, stride, idx, D, FP4)
+        b_v, b_s = raw(base, RS, idx, D, FMT)
         idx_n = load_idx(p_idx, t0 + 1, n, t0 + 1 < t1, BN)
         for u in range(t0, t1):
-            n_v, n_s = raw(base, stride, idx_n, D, FP4)  # tile u + 1, in flight during tile u
+            n_v, n_s = raw(base, RS, idx_n, D, FMT)  # tile u + 1, in flight during tile u
             idx_nn = load_idx(p_idx, u + 2, n, u + 2 < t1, BN)
-            b_k = deq(b_v, b_s, D, BN, DT, FP4)
+            b_k = deq(b_v, b_s, D, BN, DT, FMT)
             m_i, l_i, acc, p_prev, k_prev = _step(
                 b_q, b_k, idx >= 0, m_i, l_i, acc, p_prev, k_prev, qk_scale, SWAP, SKEW, PREC
             )
@@ -123,8 +125,8 @@ def _walk(
     else:
         for u in range(t0, t1):
             idx = load_idx(p_idx, u, n, True, BN)
-            b_v, b_s = raw(base, stride, idx, D, FP4)
-            b_k = deq(b_v, b_s, D, BN, DT, FP4)
+            b_v, b_s = raw(base, RS, idx, D, FMT)
+            b_k = deq(b_v, b_s, D, BN, DT, FMT)
             m_i, l_i, acc, p_prev, k_prev = _step(
                 b_q, b_k, idx >= 0, m_i, l_i, acc, p_prev, k_prev, qk_scale, SWAP, SKEW, PREC
             )
@@ -137,11 +139,9 @@ def sparse_attn_kernel(
     stride_qt,
     stride_qh,
     swa_ptr,  # uint8 [S, D + D/32]
-    swa_stride,
     swa_idx_ptr,  # int32 [T, W]
     stride_swt,
-    kv_ptr,  # uint8 [S', B]
-    kv_stride,
+    kv_ptr,  # [S', KV_RS]: V41 / V41_FP4 records (uint8) or BF16 rows
     kv_idx_ptr,  # int32 [T, TOPK]
     stride_kvt,
     sink_ptr,  # fp32 [H]
@@ -158,7 +158,8 @@ def sparse_attn_kernel(
     D: tl.constexpr,
     BH: tl.constexpr,
     BN: tl.constexpr,
-    KV_FP4: tl.constexpr,
+    KV_FMT: tl.constexpr,
+    KV_RS: tl.constexpr,
     HAS_SINK: tl.constexpr,
     SPLIT: tl.constexpr,
     SWAP: tl.constexpr,
@@ -215,7 +216,7 @@ def sparse_attn_kernel(
         swa_idx_ptr + i_t * stride_swt,
         W,
         swa_ptr,
-        swa_stride,
+        D + D // 32,
         u0,
         tl.minimum(u1, n_sw),
         m_i,
@@ -226,7 +227,7 @@ def sparse_attn_kernel(
         qk_scale,
         D,
         BN,
-        False,
+        0,
         SWAP,
         SKEW,
         PREFETCH,
@@ -238,7 +239,7 @@ def sparse_attn_kernel(
         kv_idx_ptr + i_t * stride_kvt,
         TOPK,
         kv_ptr,
-        kv_stride,
+        KV_RS,
         tl.maximum(u0, n_sw) - n_sw,
         u1 - n_sw,
         m_i,
@@ -249,7 +250,7 @@ def sparse_attn_kernel(
         qk_scale,
         D,
         BN,
-        KV_FP4,
+        KV_FMT,
         SWAP,
         SKEW,
         PREFETCH,

@@ -110,6 +110,8 @@ INTERP_VARIANTS = [
     dict(swap=False, block_n=16),
     dict(swap=False, skew=True, block_n=16, num_splits=3),
     dict(swap=False, prefetch=True, block_n=32, num_splits=2),
+    dict(swap=False, workspace=True, block_n=16),
+    dict(swap=True, workspace=True, block_n=32, num_splits=2),
 ]
 
 
@@ -148,7 +150,7 @@ def test_triton_kernel_variants_interpreted(H):
 def test_flashmla_workspace_interpreted(layout):
     """The FlashMLA path's workspace: each referenced record once, dequantized; entry lists
     remapped to its rows (-1 kept, padded to 64); a token with no entry reads the zero row."""
-    from sglang_dsv41.kernels.sparse_attn.triton_flashmla import build_workspace
+    from sglang_dsv41.kernels.sparse_attn.triton_workspace import build_workspace
 
     D, T, W, TOPK, S1, S2 = 64, 5, 6, 9, 30, 50
     swa = pack(Layout.V41, torch.randn(S1, D))

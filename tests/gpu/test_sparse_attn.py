@@ -17,6 +17,7 @@ from sglang_dsv41.kernels.sparse_attn import (
     sparse_attention_ref,
     swa_window_slots,
     triton_flashmla,
+    triton_workspace,
 )
 from sglang_dsv41.kernels.sparse_attn import triton as tri
 from sglang_dsv41.kv.records import Layout, record_bytes
@@ -111,7 +112,7 @@ def test_flashmla_workspace_path(layout, H, monkeypatch):
     q, swa, sw, kv, tk, sink = make_case(70, H, 512, 128, 512, layout, floor_every=3)
     out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, flashmla=True)
     assert (out[2] == 0).all()
-    monkeypatch.setattr(triton_flashmla, "MAX_ROWS", 1000)
+    monkeypatch.setattr(triton_workspace, "MAX_ROWS", 1000)
     chunked, _, _ = _check(q, swa, sw, kv, tk, layout, sink, flashmla=True)
     torch.testing.assert_close(chunked, out, rtol=1e-2, atol=1e-3)
 
