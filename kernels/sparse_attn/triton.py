@@ -31,6 +31,7 @@ from sglang_dsv41.kernels.sparse_attn.triton_records import BF16, V41, V41_FP4
 
 LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
+WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
 
 
 @triton.jit(do_not_specialize=["H", "num_splits"])
@@ -102,31 +103,38 @@ class Plan:
     workspace: bool = False
 
 
-_SMALL = {  # kernels for 8 to 32 heads per program (block_h = max(16, H))
-    "direct_n32": dict(swap=False, block_n=32, num_warps=4),
-    "direct_n16_pf": dict(swap=False, block_n=16, num_warps=4, prefetch=True),
-    "swap_w8_n32_pf": dict(swap=True, block_n=32, num_warps=8, prefetch=True),
-    "swap_w4_n16_pf": dict(swap=True, block_n=16, num_warps=4, prefetch=True),
-    "ws_direct_n32": dict(swap=False, block_n=32, num_warps=4, workspace=True, num_stages=3),
-    "ws_swap_w8_n32": dict(swap=True, block_n=32, num_warps=8, workspace=True, num_stages=3),
-}
-_LARGE = {  # 64 heads per program
-    "direct64_n32": dict(swap=False, block_h=64, block_n=32, num_warps=8),
-    "direct64_n64": dict(swap=False, block_h=64, block_n=64, num_warps=8),
-    "skew64_n32": dict(swap=False, block_h=64, block_n=32, num_warps=8, skew=True),
-    "pf64_n32": dict(swap=False, block_h=64, block_n=32, num_warps=8, prefetch=True),
-}
+def _variants(H: int) -> dict:
+    """The kernel variants `plan_for` chooses from at H heads, measured on the H200
+    (benchmarks/RESULTS.md): 16 or 32 heads per program (8-32 heads, and 64 heads at batch < 8),
+    or 64 (64 heads and up)."""
+    bh = max(16, triton.next_power_of_2(H)) if H <= 32 else 16
+    small = {
+        "direct_n32": Plan(block_h=bh, block_n=32, num_warps=4 if bh <= 16 else 8, swap=False),
+        "swap_w8_n32_pf": Plan(block_h=bh, block_n=32, num_warps=8, swap=True, prefetch=True),
+        "ws_direct_n32": Plan(
+            block_h=bh, block_n=32, num_warps=4 if bh <= 16 else 8, swap=False, workspace=True,
+            num_stages=3,
+        ),
+        "ws_swap_w8_n32": Plan(
+            block_h=bh, block_n=32, num_warps=8, swap=True, workspace=True, num_stages=3
+        ),
+    }  # fmt: skip
+    if H <= 32:
+        return small
+    return {
+        "direct64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False),
+        "direct64_n64": Plan(block_h=64, block_n=64, num_warps=8, swap=False),
+        "skew64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False, skew=True),
+        "direct_n32_bh16": small["direct_n32"],
+        "swap_w8_n32_pf_bh16": small["swap_w8_n32_pf"],
+        "flashmla": Plan(block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True),
+    }
 
 
 def variants_for(H: int) -> dict:
-    """Named launch options (fields of `Plan`) of every variant `plan_for` chooses from at H
+    """Named launch options (every field of `Plan`) of each variant `plan_for` chooses from at H
     heads; the GPU tests run each, benchmarks/bench_attention.py --sweep times each."""
-    bh = max(16, triton.next_power_of_2(H)) if H <= 32 else 16
-    warps = {} if bh <= 16 else {"num_warps": 8}  # a 32 x 512 fp32 accumulator needs 8 warps
-    small = {k: dict(v, block_h=bh, **warps) for k, v in _SMALL.items()}
-    if H <= 32:
-        return small
-    return {**_LARGE, **{f"{k}_bh16": v for k, v in small.items()}, "flashmla": dict(flashmla=True)}
+    return {name: dataclasses.asdict(plan) for name, plan in _variants(H).items()}
 
 
 def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
@@ -134,14 +142,18 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
     if exact or os.environ.get("TRITON_INTERPRET", "0") == "1" or D < 512:
         bh = min(64, max(16, triton.next_power_of_2(H)))
         return Plan(block_h=bh, block_n=32, num_warps=4 if bh <= 16 else 8, swap=False)
-    small = Plan(block_h=16, block_n=32, num_warps=8, swap=True, prefetch=True)
+    v = _variants(H)
+    if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
+        return v["ws_direct_n32" if H <= 16 else "ws_swap_w8_n32"]
+    if H <= 16:
+        return v["direct_n32"]
     if H <= 32:
-        return dataclasses.replace(small, block_h=max(16, triton.next_power_of_2(H)))
-    if T * triton.cdiv(H, 64) < 8:
-        return small  # too few tokens to fill the GPU with 64-head programs
+        return v["swap_w8_n32_pf"]
+    if T * triton.cdiv(H, 64) < 8:  # too few tokens to fill the GPU with 64-head programs
+        return v["swap_w8_n32_pf_bh16"]
     if H in (64, 128) and T >= FLASHMLA_MIN_TOKENS and _flashmla_ok(device):
-        return Plan(block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True)
-    return Plan(block_h=64, block_n=32, num_warps=8, swap=False)
+        return v["flashmla"]
+    return v["skew64_n32"]
 
 
 def _flashmla_ok(device: torch.device) -> bool:

@@ -84,7 +84,7 @@ def build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: i
     c_any = torch.where(valid, c, S1 + S2).long()  # invalid entries flag the extra slot
     flag = torch.zeros(S1 + S2 + 1, dtype=torch.int32, device=dev)
     flag.index_fill_(0, c_any.flatten(), 1)
-    flag[S1 + S2] = 0
+    flag[S1 + S2 :].zero_()  # (a fill: item assignment would copy from the host)
     row = torch.cumsum(flag, 0, dtype=torch.int32) - flag  # [S1 + S2 + 1]
     ws = torch.empty(R, D, dtype=torch.bfloat16, device=dev)
     ws[R - 1].zero_()

@@ -171,6 +171,26 @@ def test_decode_graph_capture(H, T):
     assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize(
+    "H, variant", [(8, "ws_direct_n32"), (32, "ws_swap_w8_n32"), (64, "flashmla")]
+)
+def test_prefill_routes_graph_capture(H, variant):
+    """The workspace routes (Triton over bf16 rows, FlashMLA) replay from a CUDA graph."""
+    if variant == "flashmla" and not triton_flashmla.available():
+        pytest.skip("flash_mla is not installed")
+    q, swa, sw, kv, tk, sink = make_case(40, H, 512, 128, 512, Layout.V41_FP4)
+    launch = tri.variants_for(H)[variant]
+    out = torch.empty(40, H, 512, dtype=torch.bfloat16, device=DEV)
+    sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out, **launch)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out, **launch)
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    want = sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, **launch)
+    assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 @pytest.mark.parametrize("H, D, T", [(4, 64, 40), (16, 128, 3)])
 def test_exact_path_fp32_q(layout, H, D, T):
