@@ -118,7 +118,12 @@ def _variants(H: int) -> dict:
         "ws_swap_w8_n32": Plan(
             block_h=bh, block_n=32, num_warps=8, swap=True, workspace=True, num_stages=3
         ),
+        "ws_direct_n64": Plan(
+            block_h=bh, block_n=64, num_warps=4 if bh <= 16 else 8, swap=False, workspace=True,
+            num_stages=2,
+        ),
     }  # fmt: skip
+    small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
     if H <= 32:
         return small
     return {
