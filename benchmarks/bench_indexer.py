@@ -1,5 +1,6 @@
 """Paged lightning indexer on the GPU: Reindex N-independence and the Full-layer scan vs its floor,
-each against the plain torch a user would write (gather, dequantize, einsum, mask, top-k).
+each against the plain torch a user would write (gather, einsum, mask, top-k), over the FP4
+records (dequantized in torch) and over a bf16 copy of the keys.
 
     python benchmarks/bench_indexer.py [--quick] [--sweep] [--out DIR]
 
@@ -11,8 +12,8 @@ each against the plain torch a user would write (gather, dequantize, einsum, mas
    and t(1M) / t(64K).
 Each decode query has its own request of N entries (pages shuffled through one pool). Kernel
 times are medians of `triton.testing.do_bench` over CUDA-graph replays of one call (L2 flushed
-before each replay): no host launch time. The torch baseline (`plain_torch_scores` + mask +
-`torch.topk`) is timed with CUDA events around eager calls (it runs for milliseconds).
+before each replay): no host launch time. The torch baselines (`plain_torch_scores` + mask +
+`torch.topk`) are timed with CUDA events around eager calls (they run for milliseconds).
 `--sweep` also times the kernels' launch shapes. Prints markdown tables; writes JSON to --out.
 """
 
@@ -80,12 +81,14 @@ def random_pool(T, n, nb=POOL_BLOCKS, seed=0):
 
 
 def plain_torch_scores(qI, w, index_k, page_table, req_ids, n_visible, P):
-    """What a torch user writes: gather each query's records, dequantize, one einsum, ReLU,
-    head weights, -inf past n_visible. fp32 [T, N]."""
+    """What a torch user writes: gather each query's keys, one einsum, ReLU, head weights, -inf
+    past n_visible. fp32 [T, N]. index_k: the uint8 records [S, 68] (dequantized here, in fp32
+    as kv.records does) or a bf16 key cache [S, DI] kept beside them."""
     n = page_table.shape[1] * P
     s = torch.arange(n, device=qI.device)
     slots = page_table.long()[req_ids.long()][:, s // P].clamp_min(0) * P + s % P  # [T, N]
-    keys = unpack_index_k(index_k[slots]).to(torch.bfloat16)  # [T, N, DI]
+    keys = index_k[slots]  # [T, N, 68] or [T, N, DI]
+    keys = (keys if keys.dtype == torch.bfloat16 else unpack_index_k(keys)).to(torch.bfloat16)
     logits = torch.einsum("thd,tnd->thn", qI.to(torch.bfloat16), keys).float()  # [T, HI, N]
     scores = (logits.relu() * w[:, :, None]).sum(1)  # [T, N]
     return scores.masked_fill(s[None, :] >= n_visible[:, None], float("-inf"))
@@ -99,6 +102,11 @@ def plain_torch_reindex(qI, w, index_k, page_table, req_ids, n_visible, P, pool,
     scores = plain_torch_scores(qI, w, index_k, page_table, req_ids, n_visible, P)
     allowed = pool_mask(pool.long(), scores.shape[1], 8)
     return scores.masked_fill(~allowed, float("-inf")).topk(topk).indices
+
+
+def bf16_keys(index_k):
+    """The bf16 key cache [S, DI] a torch user might keep beside the records (built untimed)."""
+    return torch.cat([unpack_index_k(c).to(torch.bfloat16) for c in index_k.split(1 << 20)])
 
 
 def graph_us(fn):
@@ -196,6 +204,8 @@ def main():
             ),
             "torch_full_topk_us": events_us(lambda: plain_torch_full_topk(*a)),
         }
+        a = (*a[:2], bf16_keys(a[2]), *a[3:])
+        row["torch_bf16_cache_full_topk_us"] = events_us(lambda: plain_torch_full_topk(*a))
         row["scan_TBps"] = T * n_big * REC / (row["scan_us"] * 1e-6) / 1e12
         res["full"].append(row)
         print("full", row, flush=True)
@@ -242,6 +252,8 @@ def main():
             }
             if not (args.quick and n > (1 << 16)):
                 row["torch_us"] = events_us(lambda: plain_torch_reindex(*a, pool))
+                a = (*a[:2], bf16_keys(a[2]), *a[3:])
+                row["torch_bf16_cache_us"] = events_us(lambda: plain_torch_reindex(*a, pool))
             res["reindex"].append(row)
             print("reindex", row, flush=True)
             a = pool = None
@@ -253,26 +265,27 @@ def main():
     with open(os.path.join(args.out, "bench_indexer.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, {res['commit']}")
-    print("| T | N | scan us | floor us | scan TB/s | full_topk us | cand_src us | torch us |")
+    print("| T | N | scan us | floor us | scan TB/s | full_topk us | cand_src us | torch us"
+          " (bf16 keys) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for r in res["full"]:
         print(
             f"| {r['T']} | {r['N']} | {r['scan_us']:.1f} | {r['floor_us']:.1f} | "
             f"{r['scan_TBps']:.2f} | {r['full_topk_us']:.1f} | {r['candidate_source_us']:.1f} | "
-            f"{r['torch_full_topk_us']:.0f} |"
+            f"{r['torch_full_topk_us']:.0f} ({r['torch_bf16_cache_full_topk_us']:.0f}) |"
         )
     pf = res["prefill"]
     print(
         f"prefill {pf['T']} tokens, N = {pf['N']}, group {pf['group']}: scan {pf['scan_us']:.0f} "
         f"us ({pf['TFLOPs']:.0f} TFLOP/s), candidate_source {pf['candidate_source_us']:.0f} us"
     )
-    print("| T | N | reindex us | pool_scores us | torch us |")
-    print("|---|---|---|---|---|")
+    print("| T | N | reindex us | pool_scores us | torch us | torch, bf16 keys us |")
+    print("|---|---|---|---|---|---|")
     for r in res["reindex"]:
-        tm = r.get("torch_us")
+        tm, tb = r.get("torch_us"), r.get("torch_bf16_cache_us")
         print(
             f"| {r['T']} | {r['N']} | {r['pooled_us']:.1f} | {r['pool_scores_us']:.1f} | "
-            f"{f'{tm:.0f}' if tm else '-'} |"
+            f"{f'{tm:.0f}' if tm else '-'} | {f'{tb:.0f}' if tb else '-'} |"
         )
     for T in (1, 32):
         print(f"t(1M)/t(64K) batch {T}: {res[f'reindex_ratio_1M_64K_T{T}']:.3f}")

@@ -4,11 +4,15 @@
 picks a `Plan` from the shapes alone (tokens T, heads H, head dim D, capability), so a decode
 call is CUDA-graph capturable (static grid, no host syncs):
 
-- H <= 32: `triton_kernel` with the entries on the tensor cores' M axis (SWAP), 4 warps.
-- H >= 64: `triton_kernel` with the heads on M, 8 warps; for prefill-sized T on SM90 with
-  `flash_mla` installed, FlashMLA's sparse prefill over a bf16 workspace that
-  `triton_flashmla` dequantizes from the records (measured faster there, benchmarks/RESULTS.md).
-- fp32 q (the exact path) and TRITON_INTERPRET=1: fp32 tiles, IEEE products.
+- up to 16 heads: `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32;
+- 32 heads: the entries on M (SWAP), 8 warps, the next tile's records requested ahead;
+- 64 heads: batches under 8 tokens as 16-head programs; from 8 tokens 64-head programs whose
+  P V product trails one tile (SKEW); prefill-sized T on SM90 with `flash_mla` installed:
+  FlashMLA's sparse prefill over a bf16 workspace (`triton_flashmla`);
+- prefill-sized T up to 32 heads: `triton_kernel` over a bf16 workspace of the referenced
+  records, each dequantized once (`triton_workspace`);
+- fp32 q (the exact path), TRITON_INTERPRET=1 and D < 512: fp32 tiles / heads on M, no options.
+Each choice is the fastest of `variants_for` on the H200 (benchmarks/RESULTS.md).
 
 Splits (flash-decoding): with few tokens, each token's entry list is cut over several programs
 that write normalized partials and base-2 log-sum-exps; `combine_kernel` merges them with the
@@ -149,9 +153,9 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
         return Plan(block_h=bh, block_n=32, num_warps=4 if bh <= 16 else 8, swap=False)
     v = _variants(H)
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
-        return v["ws_direct_n32" if H <= 16 else "ws_swap_w8_n32"]
+        return v["ws_direct_n64"]
     if H <= 16:
-        return v["direct_n32"]
+        return v["direct_n32_x2"]
     if H <= 32:
         return v["swap_w8_n32_pf"]
     if T * triton.cdiv(H, 64) < 8:  # too few tokens to fill the GPU with 64-head programs
