@@ -1,19 +1,32 @@
-"""Sparse attention over V4.1 records (ours, Triton) vs FlashMLA SM90 (V4 584 B records), one run.
+"""Sparse attention over V4.1 records (ours) vs FlashMLA on SM90, per heads-per-GPU, one run.
 
-Decode: batch 1/8/32/128, one query token per request, 64 heads x 512, SWA window 128 + top-512,
-sink. Ours reads V41 (528 B) SWA records and V41_FP4 (288 B) or V41 main-KV records; FlashMLA's
-legacy sparse decode reads V4 584 B records for both (`k_cache` + `extra_k_cache`).
-Prefill: 4096 queries x (128 + 512) indices, 64 heads; FlashMLA's `flash_mla_sparse_fwd` reads
-bf16 KV. Times are medians of `triton.testing.do_bench` (L2 flushed before each call).
-Also prints the machine's copy bandwidth and bf16 matmul rate, the ceilings of the roofline.
+    python benchmarks/bench_attention.py [--json out.json] [--sweep] [--ablate] [--jobs 8]
 
-    python benchmarks/bench_attention.py [--json out.json] [--sweep]
+Work per query token: H heads x D = 512, SWA window W = 128 + top-512 entries, sink. Ours reads
+V41 (528 B) SWA records and V41_FP4 (288 B) or V41 main-KV records, for H in {8, 16, 32, 64}
+(a rank's heads under TP8 / TP4 / TP2 / DP attention). The peer is FlashMLA as upstream runs it:
+its SM90 kernels take 64 (or 128) heads, so fewer heads are padded to 64 and cost the 64-head
+time (the padding copy itself is not counted); decode is its legacy sparse decode over V4 584 B
+records for both caches, prefill its sparse prefill over bf16 KV (the gather into that bf16
+workspace is not counted either). Decode batch 1/8/32/128/256 (one token per request, private
+windows and top-k lists), prefill 4096 tokens x 640 indices of one 16K-token prompt.
+
+Every time is the median of `triton.testing.do_bench` over CUDA-graph replays of one call (L2
+flushed before each replay). Also measured: the copy and bf16 matmul ceilings, and per case the
+floor max(FLOP / matmul rate, bytes / copy rate) with bytes = q + out + indices + every record
+read once. `--sweep` times each kernel variant the plan chooses from; `--ablate` times the
+kernel with stages left out; `--jobs N` compiles the variants in N processes first.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
 
 import torch
 import triton
@@ -21,26 +34,29 @@ import triton.language as tl
 
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
 from sglang_dsv41.kernels.sparse_attn import triton as sa
+from sglang_dsv41.kernels.sparse_attn.triton_kernel import _step
+from sglang_dsv41.kernels.sparse_attn.triton_records import deq, load_idx, raw
 from sglang_dsv41.kv.records import Layout, record_bytes
 
-H, D, W, TOPK = 64, 512, 128, 512
+HEADS = (8, 16, 32, 64)
+D, W, TOPK = 512, 128, 512
+N = W + TOPK
+BATCHES = (1, 8, 32, 128, 256)
+PREFILL_T, PREFILL_CTX = 4096, 16384
+FM_HEADS = 64
 DEV = torch.device("cuda")
-CONFIGS = [  # (block_h, block_n, num_warps, num_stages)
-    (64, 32, 8, 1),
-    (64, 64, 8, 1),
-    (64, 16, 8, 1),
-    (16, 32, 4, 1),
-]
+ABLATE = [(64, 32, 8, False), (16, 32, 4, False), (16, 32, 8, True)]  # heads, BN, warps, swap
 
 
 def bench(fn) -> float:
-    """Median microseconds of fn()."""
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+    """Median microseconds of fn() (L2 flushed before each call)."""
+    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3
 
 
-def bench_graph(fn) -> float:
-    """Median microseconds of one CUDA-graph replay of fn() (no host launch overhead)."""
+def graph_us(fn) -> float:
+    """Median microseconds of one CUDA-graph replay of fn()."""
     fn()
+    torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
@@ -50,7 +66,7 @@ def bench_graph(fn) -> float:
 
 def ceilings() -> dict:
     n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device=DEV)
+    a = torch.randint(0, 255, (n,), dtype=torch.uint8, device=DEV)
     b = torch.empty_like(a)
     t_copy = bench(lambda: b.copy_(a))
     x = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
@@ -60,66 +76,50 @@ def ceilings() -> dict:
 
 
 def random_records(n: int, nbytes: int) -> torch.Tensor:
-    """uint8 [n, nbytes] of finite-looking bytes (no NaN codes); values do not affect timing."""
+    """uint8 [n, nbytes] of finite bytes (no NaN codes); the values do not change the timing."""
     return torch.randint(0, 0x70, (n, nbytes), dtype=torch.uint8, device=DEV)
 
 
-def decode_case(B: int, ctx_entries: int = 4096):
-    """Slot lists of B decode tokens: a private window of 128 and a top-512 of ctx_entries each."""
-    swa_slots = torch.randperm(B * 1024, device=DEV)[: B * W].view(B, W).to(torch.int32)
-    base = (torch.arange(B, device=DEV) * ctx_entries)[:, None]
-    pick = torch.rand(B, ctx_entries, device=DEV).argsort(dim=1)[:, :TOPK]
-    topk_slots = (base + pick).to(torch.int32)  # [B, TOPK]
-    return swa_slots, topk_slots, B * 1024, B * ctx_entries
+def slots(kind: str, n: int, seed: int = 0):
+    """(swa_slots [T, W], topk_slots [T, TOPK], SWA cache rows, main cache rows).
+
+    decode: n tokens, each with a private window of 128 and a top-512 of its own 4096 entries;
+    prefill: n tokens at the end of one PREFILL_CTX prompt (windows over its tokens, top-512 of
+    its PREFILL_CTX / 2 entries)."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    if kind == "decode":
+        swa = torch.randperm(n * 1024, device=DEV, generator=g)[: n * W].view(n, W)
+        base = (torch.arange(n, device=DEV) * 4096)[:, None]
+        pick = torch.rand(n, 4096, device=DEV, generator=g).argsort(dim=1)[:, :TOPK]
+        return swa.int(), (base + pick).int(), n * 1024, n * 4096
+    pos = torch.arange(PREFILL_CTX - n, PREFILL_CTX, device=DEV)
+    swa = pos[:, None] - torch.arange(W - 1, -1, -1, device=DEV)[None]
+    n_entries = PREFILL_CTX // 2
+    pick = torch.rand(n, n_entries, device=DEV, generator=g).topk(TOPK, dim=1).indices
+    return swa.int(), pick.int(), PREFILL_CTX, n_entries
 
 
-def work(T: int, main_bytes: int, swa_bytes: int, out_bytes: int = 2) -> tuple[float, float]:
-    """(FLOP, bytes) of T tokens: QK and PV over W + TOPK entries; q, out, records, indices."""
-    flop = 4.0 * T * H * D * (W + TOPK)
-    nbytes = T * (
-        H * D * 2 + H * D * out_bytes + W * swa_bytes + TOPK * main_bytes + (W + TOPK) * 4
-    )
-    return flop, nbytes
-
-
-def ours_decode(B, layout, cfg=None):
-    swa_slots, topk_slots, n_swa, n_kv = decode_case(B)
+def ours_fn(kind: str, n: int, H: int, layout: Layout, launch: dict):
+    sw, tk, n_swa, n_kv = slots(kind, n)
     swa = random_records(n_swa, 528)
     kv = random_records(n_kv, record_bytes(layout, D))
-    q = torch.randn(B, H, D, device=DEV, dtype=torch.bfloat16)
+    q = torch.randn(n, H, D, device=DEV, dtype=torch.bfloat16)
     sink = torch.randn(H, device=DEV)
-    out = torch.empty(B, H, D, device=DEV, dtype=torch.bfloat16)
-    launch = (
-        {}
-        if cfg is None
-        else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
-    )
-    fn = lambda: sparse_attention(
-        q,
-        swa,
-        swa_slots,
-        kv,
-        topk_slots,
-        layout,
-        sink,
-        out=out,  # noqa
-        **launch,
-    )
-    fn()
-    return bench(fn), bench_graph(fn)
+    out = torch.empty(n, H, D, device=DEV, dtype=torch.bfloat16)
+    return lambda: sparse_attention(q, swa, sw, kv, tk, layout, sink, out=out, **launch)
 
 
-def flashmla_decode(B):
+def fm_decode_fn(B: int):
     import flash_mla
 
-    swa_slots, topk_slots, n_swa, n_kv = decode_case(B)
+    sw, tk, n_swa, n_kv = slots("decode", B)
     page = 64
     k_cache = random_records(n_swa, 584).view(n_swa // page, page, 1, 584)
     extra = random_records(n_kv, 584).view(n_kv // page, page, 1, 584)
-    q = torch.randn(B, 1, H, D, device=DEV, dtype=torch.bfloat16)
-    sink = torch.randn(H, device=DEV)
+    q = torch.randn(B, 1, FM_HEADS, D, device=DEV, dtype=torch.bfloat16)
+    sink = torch.randn(FM_HEADS, device=DEV)
     meta, _ = flash_mla.get_mla_metadata()
-    fn = lambda: flash_mla.flash_mla_with_kvcache(  # noqa
+    return lambda: flash_mla.flash_mla_with_kvcache(
         q,
         k_cache,
         None,
@@ -127,122 +127,82 @@ def flashmla_decode(B):
         D,
         meta,
         softmax_scale=D**-0.5,
-        indices=swa_slots.view(B, 1, W),
+        indices=sw.view(B, 1, W),
         attn_sink=sink,
         extra_k_cache=extra,
-        extra_indices_in_kvcache=topk_slots.view(B, 1, TOPK),
+        extra_indices_in_kvcache=tk.view(B, 1, TOPK),
         use_legacy=True,
     )
-    fn()
-    t = bench(fn)
-    try:
-        return t, bench_graph(fn)
-    except Exception as exc:
-        print(f"  FlashMLA decode graph capture failed: {str(exc)[:200]}")
-        return t, float("nan")
 
 
-def flashmla_decode_v41(B):
-    """FlashMLA's legacy decode asked for V4.1 records (528 B SWA + 288 B main); may refuse SM90."""
+def fm_prefill_fn(T: int):
     import flash_mla
 
-    swa_slots, topk_slots, n_swa, n_kv = decode_case(B)
-    page = 64
-    k_cache = random_records(n_swa, 528).view(n_swa // page, page, 1, 528)
-    extra = random_records(n_kv, 288).view(n_kv // page, page, 1, 288)
-    q = torch.randn(B, 1, H, D, device=DEV, dtype=torch.bfloat16)
-    sink = torch.randn(H, device=DEV)
-    meta, _ = flash_mla.get_mla_metadata()
-    fn = lambda: flash_mla.flash_mla_with_kvcache(  # noqa
-        q,
-        k_cache,
-        None,
-        None,
-        D,
-        meta,
-        softmax_scale=D**-0.5,
-        indices=swa_slots.view(B, 1, W),
-        attn_sink=sink,
-        extra_k_cache=extra,
-        extra_indices_in_kvcache=topk_slots.view(B, 1, TOPK),
-        use_legacy=True,
-    )
-    fn()
-    return bench(fn)
-
-
-def prefill_case(T: int, ctx_tokens: int):
-    """T query tokens at the end of one ctx_tokens prompt: windows over tokens, top-512 entries."""
-    pos = torch.arange(ctx_tokens - T, ctx_tokens, device=DEV)
-    swa_slots = (pos[:, None] - torch.arange(W - 1, -1, -1, device=DEV)[None]).to(torch.int32)
-    n_entries = ctx_tokens // 2
-    topk_slots = torch.rand(T, n_entries, device=DEV).topk(TOPK, dim=1).indices.to(torch.int32)
-    return swa_slots, topk_slots, ctx_tokens, n_entries
-
-
-def ours_prefill(T, layout, cfg=None, ctx_tokens=16384):
-    swa_slots, topk_slots, n_swa, n_kv = prefill_case(T, ctx_tokens)
-    swa = random_records(n_swa, 528)
-    kv = random_records(n_kv, record_bytes(layout, D))
-    q = torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16)
-    sink = torch.randn(H, device=DEV)
-    out = torch.empty(T, H, D, device=DEV, dtype=torch.bfloat16)
-    launch = (
-        {}
-        if cfg is None
-        else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
-    )
-    fn = lambda: sparse_attention(
-        q,
-        swa,
-        swa_slots,
-        kv,
-        topk_slots,
-        layout,
-        sink,
-        out=out,  # noqa
-        **launch,
-    )
-    fn()
-    return bench(fn)
-
-
-def flashmla_prefill(T, ctx_tokens=16384):
-    import flash_mla
-
-    swa_slots, topk_slots, n_swa, n_kv = prefill_case(T, ctx_tokens)
+    sw, tk, n_swa, n_kv = slots("prefill", T)
     kv = torch.randn(n_swa + n_kv, 1, D, device=DEV, dtype=torch.bfloat16)
-    idx = torch.cat((swa_slots, topk_slots + n_swa), dim=1).view(T, 1, W + TOPK).contiguous()
-    q = torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16)
-    sink = torch.randn(H, device=DEV)
-    fn = lambda: flash_mla.flash_mla_sparse_fwd(
-        q,
-        kv,
-        idx,
-        D**-0.5,
-        D,
-        attn_sink=sink,  # noqa
-        use_legacy=True,
+    idx = torch.cat((sw, tk + n_swa), dim=1).view(T, 1, N).contiguous()
+    q = torch.randn(T, FM_HEADS, D, device=DEV, dtype=torch.bfloat16)
+    sink = torch.randn(FM_HEADS, device=DEV)
+    return lambda: flash_mla.flash_mla_sparse_fwd(
+        q, kv, idx, D**-0.5, D, attn_sink=sink, use_legacy=True
     )
-    fn()
-    return bench(fn)
+
+
+def work(kind: str, n: int, H: int, main_bytes: int, swa_bytes: int = 528) -> tuple:
+    """(FLOP, bytes): QK and PV over N entries per head; q + out (bf16) + indices + records,
+    each record read once (decode: every token's own; prefill: the prompt's)."""
+    flop = 4.0 * n * H * D * N
+    qo = n * (2 * H * D * 2 + N * 4)
+    if kind == "decode":
+        return flop, qo + n * (W * swa_bytes + TOPK * main_bytes)
+    return flop, qo + PREFILL_CTX * swa_bytes + PREFILL_CTX // 2 * main_bytes
+
+
+def cases():
+    return [("decode", B) for B in BATCHES] + [("prefill", PREFILL_T)]
+
+
+def _warm(jobs):
+    """Compile (and run once) each job: fills Triton's disk cache for the timing process.
+    A job is (kind, n, H, layout, launch) or ("ablate", H, BN, warps, swap)."""
+    for job in jobs:
+        if job[0] == "ablate":
+            ablation(*job[1:], T=256, timed=False)
+        else:
+            kind, n, H, layout, launch = job
+            ours_fn(kind, n, H, Layout(layout), launch)()
+        torch.cuda.synchronize()
+    return len(jobs)
+
+
+def warm_compile(jobs: list, procs: int) -> float:
+    """Run the jobs in `procs` processes; jobs likely to compile the same kernel (same heads,
+    layout and launch options) go to the same process, one after the other."""
+    t0 = time.time()
+    if procs > 1 and jobs:
+        chunks = [[] for _ in range(procs)]
+        for job in jobs:
+            chunks[hash(json.dumps(job[2:], sort_keys=True)) % procs].append(job)
+        with mp.get_context("spawn").Pool(procs) as pool:
+            pool.map(_warm, [c for c in chunks if c])
+    return time.time() - t0
 
 
 @triton.jit
 def _ablate_kernel(
     q_ptr,
     kv_ptr,
-    kv_stride,
     idx_ptr,
     o_ptr,
-    N,
+    NE,
     qk_scale,
     D: tl.constexpr,
     BH: tl.constexpr,
     BN: tl.constexpr,
+    SWAP: tl.constexpr,
     MODE: tl.constexpr,
 ):
-    """Prefill-shaped FP4 attention over N entries per token with stages left out (timing only).
+    """Prefill-shaped attention over NE FP4 entries per token with stages left out (timing).
 
     MODE 0: everything; 1: gather + dequantize, no MMA/softmax; 2: MMA + softmax on a synthetic
     tile, no gather/dequantize; 3: gather only.
@@ -250,165 +210,174 @@ def _ablate_kernel(
     i_t = tl.program_id(0).to(tl.int64)
     o_h = tl.arange(0, BH)
     o_d = tl.arange(0, D)
-    b_q = tl.load(q_ptr + i_t * BH * D + o_h[:, None] * D + o_d[None, :])  # [BH, D]
+    if SWAP:
+        b_q = tl.load(q_ptr + i_t * BH * D + o_h[None, :] * D + o_d[:, None])  # [D, BH]
+        acc = tl.zeros([D, BH], tl.float32)
+    else:
+        b_q = tl.load(q_ptr + i_t * BH * D + o_h[:, None] * D + o_d[None, :])  # [BH, D]
+        acc = tl.zeros([BH, D], tl.float32)
     m_i = tl.full([BH], -1e30, tl.float32)
     l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, D], tl.float32)
     keep = tl.zeros([D], tl.float32)
-    n_t = tl.cdiv(N, BN)
-    for u in range(0, n_t):
-        idx = sa._load_idx(idx_ptr + i_t * N, u, N, BN)
+    for u in range(0, tl.cdiv(NE, BN)):
+        idx = load_idx(idx_ptr + i_t * NE, u, NE, True, BN)
         if MODE == 2:
             b_k = ((idx[:, None] + o_d[None, :]) & 7).to(tl.bfloat16)
         else:
-            b_v, b_s = sa._raw_v41_fp4(kv_ptr, kv_stride, idx, D)
+            b_v, b_s = raw(kv_ptr, 288, idx, D, 1)
             if MODE == 3:
                 keep += tl.sum(tl.sum(tl.sum(b_v.to(tl.float32), 2), 1), 0)
                 b_k = tl.zeros([BN, D], tl.bfloat16)
             else:
-                b_k = sa._deq_v41_fp4(b_v, b_s, D, BN, tl.bfloat16)
+                b_k = deq(b_v, b_s, D, BN, tl.bfloat16, 1)
         if MODE == 0 or MODE == 2:
-            m_i, l_i, acc = sa._attend_tile(b_q, b_k, idx >= 0, m_i, l_i, acc, qk_scale)
+            m_i, l_i, acc, _p, _k = _step(
+                b_q, b_k, idx >= 0, m_i, l_i, acc, 0.0, 0.0, qk_scale, SWAP, False, "tf32"
+            )
         elif MODE == 1:
             keep += tl.sum(b_k.to(tl.float32), 0)
-    o = acc / l_i[:, None] + keep[None, :]
+    if SWAP:
+        o = tl.trans(acc) / l_i[:, None] + keep[None, :]
+    else:
+        o = acc / l_i[:, None] + keep[None, :]
     tl.store(o_ptr + i_t * BH * D + o_h[:, None] * D + o_d[None, :], o.to(tl.bfloat16))
 
 
-def ablation(T: int = 4096, N: int = 640) -> dict:
-    """us per call of _ablate_kernel in each MODE (BH 64, BN 32, 8 warps, FP4 records)."""
+def ablation(H: int, BN: int, warps: int, swap: bool, T: int = PREFILL_T, timed=True) -> dict:
+    """Graph-replay us of _ablate_kernel per MODE: H heads, FP4 records, T tokens x N entries."""
     kv = random_records(T * 2, 288)
     idx = torch.randint(0, T * 2, (T, N), device=DEV, dtype=torch.int32)
     q = torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16)
     o = torch.empty_like(q)
     res = {}
     for mode, name in enumerate(["full", "no_mma", "no_gather_dequant", "gather_only"]):
-        fn = lambda: _ablate_kernel[(T,)](
-            q,
-            kv,
-            kv.stride(0),
-            idx,
-            o,
-            N,
-            0.06,
-            D=D,
-            BH=H,  # noqa
-            BN=32,
-            MODE=mode,
-            num_warps=8,
-        )
-        fn()
-        res[name] = bench(fn)
+
+        def fn():
+            _ablate_kernel[(T,)](
+                q, kv, idx, o, N, 0.06, D=D, BH=H, BN=BN, SWAP=swap, MODE=mode,
+                num_warps=warps,
+            )  # fmt: skip
+
+        res[name] = graph_us(fn) if timed else fn()
     return res
 
 
-def _try(fn, *args):
-    try:
-        return fn(*args)
-    except Exception as exc:  # a peer that cannot run is reported, not fatal
-        print(f"  {fn.__name__}{args[:2]}: {type(exc).__name__}: {str(exc)[:300]}")
-        return (float("nan"), float("nan")) if "decode" in fn.__name__ else float("nan")
+def save(res: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def commit() -> str:
+    if os.environ.get("DSV41_COMMIT"):
+        return os.environ["DSV41_COMMIT"]
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
-    ap.add_argument("--sweep", action="store_true", help="time every launch config")
-    ap.add_argument("--prefill-tokens", type=int, default=4096)
+    ap.add_argument("--sweep", action="store_true", help="time every kernel variant")
     ap.add_argument("--ablate", action="store_true", help="time kernel stages left out")
+    ap.add_argument("--jobs", type=int, default=1, help="processes compiling before timing")
+    ap.add_argument("--heads", default=",".join(map(str, HEADS)))
     args = ap.parse_args()
-    res = {
-        "device": torch.cuda.get_device_name(),
-        "triton": triton.__version__,
-        "torch": torch.__version__,
-    }
+    heads = [int(h) for h in args.heads.split(",")]
+    res = dict(
+        device=torch.cuda.get_device_name(),
+        triton=triton.__version__,
+        torch=torch.__version__,
+        commit=commit(),
+        time=time.ctime(),
+    )
+
+    jobs = []
+    for H in heads:
+        for kind, n in cases():
+            for layout in (Layout.V41_FP4, Layout.V41):
+                jobs.append((kind, n, H, layout.value, {}))
+            if args.sweep:
+                for launch in sa.variants_for(H).values():
+                    if not launch.get("flashmla") or kind == "prefill":
+                        jobs.append((kind, n, H, Layout.V41_FP4.value, launch))
+    if args.ablate:
+        jobs += [("ablate", *cfg) for cfg in ABLATE]
+    res["compile_s"] = warm_compile(jobs, args.jobs)
+    print(f"compiled {len(jobs)} launches in {res['compile_s']:.0f} s", flush=True)
+
     res["ceilings"] = ceil = ceilings()
     print(f"ceilings: copy {ceil['copy_TBps']:.2f} TB/s, bf16 mm {ceil['bf16_TFLOPs']:.0f} TFLOP/s")
 
-    batches = [1, 8, 32, 128]
-    if args.sweep:
-        res["sweep"] = {}
-        for cfg in CONFIGS:
-            row = [_try(ours_decode, B, Layout.V41_FP4, cfg)[1] for B in batches]
-            row.append(_try(ours_prefill, args.prefill_tokens, Layout.V41_FP4, cfg))
-            res["sweep"][str(cfg)] = row
-            print(
-                "sweep (graph us: decode 1/8/32/128, prefill)",
-                cfg,
-                " ".join(f"{t:8.1f}" for t in row),
-            )
+    import flash_mla  # noqa: F401  (the peer is required: fail here, not with NaN rows)
+
+    peer = {("decode", B): graph_us(fm_decode_fn(B)) for B in BATCHES}
+    peer[("prefill", PREFILL_T)] = graph_us(fm_prefill_fn(PREFILL_T))
+    res["flashmla_64_heads"] = {f"{k}_{n}": t for (k, n), t in peer.items()}
+    print("FlashMLA (64 heads):", {f"{k} {n}": round(t, 1) for (k, n), t in peer.items()})
+
+    rows, errors = [], []
+    res["errors"] = errors
+
+    def timed(name, kind, n, H, layout, launch):
+        """Graph-replay us, or NaN with the error recorded (printed, and in the exit status)."""
+        try:
+            return graph_us(ours_fn(kind, n, H, layout, launch))
+        except Exception as exc:
+            errors.append(f"{name} at H={H} {kind} {n}: {type(exc).__name__}: {exc}")
+            print("ERROR", errors[-1][:2000], flush=True)
+            return float("nan")
+
+    for H in heads:
+        for kind, n in cases():
+            row = dict(H=H, kind=kind, n=n, flashmla_us=peer[(kind, n)])
+            if args.sweep:  # first: a launch that breaks graph capture goes last (FlashMLA)
+                row["sweep_fp4_us"] = {}
+                for name, launch in sa.variants_for(H).items():
+                    if launch.get("flashmla") and kind != "prefill":
+                        continue
+                    row["sweep_fp4_us"][name] = timed(name, kind, n, H, Layout.V41_FP4, launch)
+            for layout in (Layout.V41_FP4, Layout.V41):
+                key = "fp4" if layout is Layout.V41_FP4 else "v41"
+                row[f"ours_{key}_us"] = timed(f"default {key}", kind, n, H, layout, {})
+                flop, nbytes = work(kind, n, H, record_bytes(layout, D))
+                row[f"floor_{key}_us"] = max(
+                    flop / ceil["bf16_TFLOPs"] / 1e6, nbytes / ceil["copy_TBps"] / 1e6
+                )
+            row["flop"], row["bytes_fp4"] = work(kind, n, H, 288)
+            row["ratio_fp4"] = row["ours_fp4_us"] / row["flashmla_us"]
+            row["ratio_v41"] = row["ours_v41_us"] / row["flashmla_us"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            res["rows"] = rows
+            save(res, args.json)
 
     if args.ablate:
-        res["ablation"] = ab = _try(ablation)
-        print("ablation (us, prefill 4096 x 640 FP4):", ab)
-
-    rows = []
-    for B in batches:
-        p_fp4, g_fp4 = _try(ours_decode, B, Layout.V41_FP4)
-        p_v41, g_v41 = _try(ours_decode, B, Layout.V41)
-        p_fm, g_fm = _try(flashmla_decode, B)
-        if B == 1:
-            _try(flashmla_decode_v41, B)
-        flop, by_fp4 = work(B, 288, 528)
-        _, by_v41 = work(B, 528, 528)
-        _, by_fm = work(B, 584, 584)
-        rows.append(
-            dict(
-                batch=B,
-                ours_fp4_us=g_fp4,
-                ours_v41_us=g_v41,
-                flashmla_us=g_fm,
-                plain_ours_fp4_us=p_fp4,
-                plain_ours_v41_us=p_v41,
-                plain_flashmla_us=p_fm,
-                ours_fp4_TBps=by_fp4 / g_fp4 / 1e6,
-                ours_fp4_TFLOPs=flop / g_fp4 / 1e6,
-                ours_v41_TBps=by_v41 / g_v41 / 1e6,
-                flashmla_TBps=by_fm / g_fm / 1e6,
-                flashmla_TFLOPs=flop / g_fm / 1e6,
-                ratio_fp4=g_fp4 / g_fm,
-                ratio_v41=g_v41 / g_fm,
+        res["ablation"] = {
+            f"{H} heads, tiles of {BN}, {nw} warps, {'entries' if swap else 'heads'} on M": (
+                ablation(H, BN, nw, swap)
             )
-        )
-    res["decode"] = rows
-    T = args.prefill_tokens
-    t_p = _try(ours_prefill, T, Layout.V41_FP4)
-    t_p41 = _try(ours_prefill, T, Layout.V41)
-    t_pf = _try(flashmla_prefill, T)
-    flop, _ = work(T, 288, 528)
-    res["prefill"] = dict(
-        tokens=T,
-        ours_fp4_us=t_p,
-        ours_v41_us=t_p41,
-        flashmla_us=t_pf,
-        ours_fp4_TFLOPs=flop / t_p / 1e6,
-        ours_v41_TFLOPs=flop / t_p41 / 1e6,
-        flashmla_TFLOPs=flop / t_pf / 1e6,
-        ratio_fp4=t_p / t_pf,
-    )
+            for H, BN, nw, swap in ABLATE
+        }
+        for k, v in res["ablation"].items():
+            print(f"ablation (graph us, prefill {PREFILL_T} x {N} FP4), {k}: {v}")
 
-    print("\ndecode, graph replay us (plain launch us)")
-    print(
-        "  batch | ours fp4       | ours v41       | FlashMLA v4    | fp4/FM | TFLOP/s ours/FM"
-        " | TB/s ours/FM"
-    )
+    save(res, args.json)
+    print(f"\n{res['device']}, triton {res['triton']}, torch {res['torch']}, {res['commit']}")
+    print("graph-replay us; FlashMLA runs 64 heads (padded) for every H; floor = roofline")
+    print("  H | case         | ours fp4 | ours v41 | FlashMLA | fp4/FM | v41/FM | fp4 floor")
     for r in rows:
         print(
-            f"  {r['batch']:4d} | {r['ours_fp4_us']:6.1f} ({r['plain_ours_fp4_us']:5.1f}) | "
-            f"{r['ours_v41_us']:6.1f} ({r['plain_ours_v41_us']:5.1f}) | "
-            f"{r['flashmla_us']:6.1f} ({r['plain_flashmla_us']:5.1f}) | {r['ratio_fp4']:6.2f} | "
-            f"{r['ours_fp4_TFLOPs']:5.0f} / {r['flashmla_TFLOPs']:5.0f} | "
-            f"{r['ours_fp4_TBps']:4.2f} / {r['flashmla_TBps']:4.2f}"
+            f"{r['H']:3d} | {r['kind']:7s} {r['n']:4d} | {r['ours_fp4_us']:8.1f} | "
+            f"{r['ours_v41_us']:8.1f} | {r['flashmla_us']:8.1f} | {r['ratio_fp4']:6.2f} | "
+            f"{r['ratio_v41']:6.2f} | {r['floor_fp4_us']:8.1f}"
         )
-    p = res["prefill"]
-    print(
-        f"prefill {T} x 640: ours fp4 {p['ours_fp4_us']:.0f} us ({p['ours_fp4_TFLOPs']:.0f} "
-        f"TFLOP/s), ours v41 {p['ours_v41_us']:.0f} us, FlashMLA bf16 {p['flashmla_us']:.0f} us "
-        f"({p['flashmla_TFLOPs']:.0f} TFLOP/s), ratio {p['ratio_fp4']:.2f}"
-    )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        if r.get("sweep_fp4_us"):
+            best = min(r["sweep_fp4_us"], key=r["sweep_fp4_us"].get)
+            print(f"      best variant {best}: {r['sweep_fp4_us'][best]:.1f}")
+    if errors:
+        print("\n".join(["FAILED:"] + errors))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
-"""Paged lightning indexer on the GPU: Reindex N-independence and the Full-layer scan vs its floor.
+"""Paged lightning indexer on the GPU: Reindex N-independence and the Full-layer scan vs its floor,
+each against the plain torch a user would write (gather, einsum, mask, top-k), over the FP4
+records (dequantized in torch) and over a bf16 copy of the keys.
 
-    python benchmarks/bench_indexer.py [--quick] [--out DIR]
+    python benchmarks/bench_indexer.py [--quick] [--sweep] [--out DIR]
 
 1. Ceiling: device-to-device copy (bytes read + written per second).
-2. Scan launch-shape sweep at N = 1M (batch 1 and 32), keeping the fastest for what follows.
-3. Full layer at N = 1M, batch 1 and 32: the scan alone (block maxima) against the floor
-   T * N * 68 B / copy rate, then full_topk and candidate_source end to end.
-4. Reindex per decode step at N = 16K, 64K, 256K, 1M, batch 1 and 32: the pooled path
-   (2048-block pool, 512 out) next to the torch mask-and-topk path (ref.reindex_ref: score every
-   visible entry, mask outside the pool, top-k), and t(1M) / t(64K).
-Each decode query has its own request of N entries (pages shuffled through one pool). Times are
-medians of triton.testing.do_bench (L2 flushed before each call, eager launches); the torch
-path uses fewer repetitions. Prints a markdown table; writes JSON to --out.
+2. Full layer at N = 1M, batch 1 and 32: the scan alone (block maxima) against the floor
+   T * N * 68 B / copy rate, full_topk and candidate_source end to end; prefill: 64 tokens of
+   one request, grouped 8 per key tile.
+3. Reindex per decode step at N = 16K, 64K, 256K, 1M, batch 1 and 32 (2048-block pool, top-512),
+   and t(1M) / t(64K).
+Each decode query has its own request of N entries (pages shuffled through one pool). Kernel
+times are medians of `triton.testing.do_bench` over CUDA-graph replays of one call (L2 flushed
+before each replay): no host launch time. The torch baselines (`plain_torch_scores` + mask +
+`torch.topk`) are timed with CUDA events around eager calls (they run for milliseconds).
+`--sweep` also times the kernels' launch shapes. Prints markdown tables; writes JSON to --out.
 """
 
 import argparse
@@ -25,12 +28,19 @@ import torch
 import triton
 import triton.testing
 
-from sglang_dsv41.kernels.indexer import ops, ref
+from sglang_dsv41.kernels.indexer import ops
 from sglang_dsv41.kernels.indexer import testing as tt
+from sglang_dsv41.kv.records import unpack_index_k
+from sglang_dsv41.layers.index_math import pool_mask
 
 P = 64
 REC = 68
-POOL_SHAPES = ((128, 1, 8), (128, 1, 4), (64, 1, 4), (128, 4, 4), (64, 4, 4))
+TOPK = 512
+POOL_BLOCKS = 2048
+SHAPES = {  # launch shapes swept with --sweep: (entries per tile, tiles per program, warps)
+    "scan": ((128, 8, 4), (128, 8, 8), (256, 4, 8)),
+    "pool": ((128, 1, 8), (128, 1, 4), (64, 1, 4), (128, 4, 4)),
+}
 
 
 def pool_case(T, n, seed=0):
@@ -57,7 +67,7 @@ def pool_case(T, n, seed=0):
     )
 
 
-def random_pool(T, n, nb=2048, seed=0):
+def random_pool(T, n, nb=POOL_BLOCKS, seed=0):
     """nb distinct blocks per query (the newest included), int32 [T, nb]."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     nblk = n // 8
@@ -70,41 +80,48 @@ def random_pool(T, n, nb=2048, seed=0):
     return keys.topk(nb, dim=1).indices.int()
 
 
-def bench(fn, rep=200):
-    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3  # us
+def plain_torch_scores(qI, w, index_k, page_table, req_ids, n_visible, P):
+    """What a torch user writes: gather each query's keys, one einsum, ReLU, head weights, -inf
+    past n_visible. fp32 [T, N]. index_k: the uint8 records [S, 68] (dequantized here, in fp32
+    as kv.records does) or a bf16 key cache [S, DI] kept beside them."""
+    n = page_table.shape[1] * P
+    s = torch.arange(n, device=qI.device)
+    slots = page_table.long()[req_ids.long()][:, s // P].clamp_min(0) * P + s % P  # [T, N]
+    keys = index_k[slots]  # [T, N, 68] or [T, N, DI]
+    keys = (keys if keys.dtype == torch.bfloat16 else unpack_index_k(keys)).to(torch.bfloat16)
+    logits = torch.einsum("thd,tnd->thn", qI.to(torch.bfloat16), keys).float()  # [T, HI, N]
+    scores = (logits.relu() * w[:, :, None]).sum(1)  # [T, N]
+    return scores.masked_fill(s[None, :] >= n_visible[:, None], float("-inf"))
 
 
-def bench_graph(fn, rep=100):
-    """Median of CUDA-graph replays (no launch gaps; L2 not flushed between replays)."""
-    return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e3
+def plain_torch_full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk=TOPK):
+    return plain_torch_scores(qI, w, index_k, page_table, req_ids, n_visible, P).topk(topk).indices
 
 
-_FLUSH = None
+def plain_torch_reindex(qI, w, index_k, page_table, req_ids, n_visible, P, pool, topk=TOPK):
+    scores = plain_torch_scores(qI, w, index_k, page_table, req_ids, n_visible, P)
+    allowed = pool_mask(pool.long(), scores.shape[1], 8)
+    return scores.masked_fill(~allowed, float("-inf")).topk(topk).indices
 
 
-def bench_graph_cold(fn, rep=100):
-    """CUDA-graph replays of (write 256 MB, fn) minus replays of the write alone: fn's time
-    with a cold L2 and no launch gaps."""
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+def bf16_keys(index_k):
+    """The bf16 key cache [S, DI] a torch user might keep beside the records (built untimed)."""
+    return torch.cat([unpack_index_k(c).to(torch.bfloat16) for c in index_k.split(1 << 20)])
 
-    def both():
-        _FLUSH.zero_()
+
+def graph_us(fn):
+    """Median us of one CUDA-graph replay of fn() (L2 flushed before each replay)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
         fn()
-
-    return bench_graph(both, rep) - bench_graph(_FLUSH.zero_, rep)
-
-
-def with_select(mode, fn):
-    old, ops.SELECT = ops.SELECT, mode
-    try:
-        return fn()
-    finally:
-        ops.SELECT = old
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(g.replay, warmup=10, rep=60, return_mode="median") * 1e3
 
 
-def bench_slow(fn, n=3):
+def events_us(fn, n=3):
+    """Median us of n eager calls, CUDA events around each (for the millisecond torch paths)."""
     fn()
     torch.cuda.synchronize()
     ts = []
@@ -121,27 +138,41 @@ def bench_slow(fn, n=3):
 def copy_rate():
     x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    t = bench(lambda: y.copy_(x), rep=100)
-    return 2 * (2 << 30) / (t * 1e-6)  # B/s
+    t = triton.testing.do_bench(lambda: y.copy_(x), rep=100, return_mode="median")
+    return 2 * (2 << 30) / (t * 1e-3)  # B/s
 
 
 def commit():
     if os.environ.get("DSV41_COMMIT"):
         return os.environ["DSV41_COMMIT"]
-    try:
-        return (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-            ).stdout.strip()
-            or "unknown"
-        )
-    except Exception:
-        return "unknown"
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
+def sweep(res, n_big):
+    """Launch shapes of the scan and the pool scoring at N = 1M, batch 1 and 32 (graph us)."""
+    res["sweep"] = []
+    for T in (1, 32):
+        a = tt.case_args(pool_case(T, n_big, seed=T))
+        pool = random_pool(T, n_big)
+        for kind, shapes in SHAPES.items():
+            old = dict(ops.TUNING[kind])
+            for bn, tiles, nw in shapes:
+                ops.TUNING[kind].update(bn=bn, tiles=tiles, num_warps=nw)
+                if kind == "scan":
+                    t = graph_us(lambda: ops.block_scores(*a, force_newest=True))
+                else:
+                    t = graph_us(lambda: ops.pool_scores(*a, pool))
+                row = dict(kind=kind, T=T, bn=bn, tiles=tiles, num_warps=nw, graph_us=t)
+                res["sweep"].append(row)
+                print("sweep", row, flush=True)
+            ops.TUNING[kind].update(old)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="skip the torch baseline above 64K")
+    ap.add_argument("--sweep", action="store_true", help="time the kernels' launch shapes")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     res = {
@@ -150,66 +181,37 @@ def main():
         "triton": triton.__version__,
         "commit": commit(),
         "time": time.ctime(),
+        "tuning": {k: dict(v) for k, v in ops.TUNING.items()},
     }
     bw = copy_rate()
     res["copy_TBps"] = bw / 1e12
     print(f"device {res['device']}  copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
-
-    # 2. scan launch shapes at N = 1M
     n_big = 1 << 20
-    cases = {T: pool_case(T, n_big, seed=T) for T in (1, 32)}
-    sweep = [(128, 8, 4), (128, 8, 8), (256, 4, 8)]
-    if args.quick:
-        sweep = sweep[:2]
-    res["sweep"] = []
-    best, best_t = None, float("inf")
-    for bn, tiles, nw in sweep:
-        ops.TUNING["scan"].update(bn=bn, tiles=tiles, num_warps=nw)
-        row = {"bn": bn, "tiles": tiles, "num_warps": nw}
-        for T, c in cases.items():
-            a = tt.case_args(c)
-            row[f"us_T{T}"] = bench(lambda: ops.block_scores(*a, force_newest=True))
-        res["sweep"].append(row)
-        print("scan sweep", row, flush=True)
-        if row["us_T32"] + 8 * row["us_T1"] < best_t:
-            best, best_t = (bn, tiles, nw), row["us_T32"] + 8 * row["us_T1"]
-    ops.TUNING["scan"].update(bn=best[0], tiles=best[1], num_warps=best[2])
-    res["scan_tuning"] = dict(ops.TUNING["scan"])
+    if args.sweep:
+        sweep(res, n_big)
 
-    # 3. Full layer at N = 1M
     res["full"] = []
-    for T, c in cases.items():
-        a = tt.case_args(c)
-        floor_us = T * n_big * REC / bw * 1e6  # bytes read once, at the copy byte rate
+    for T in (1, 32):
+        a = tt.case_args(pool_case(T, n_big, seed=T))
         row = {
             "T": T,
             "N": n_big,
-            "floor_us": floor_us,
-            "scan_us": bench(lambda: ops.block_scores(*a, force_newest=True)),
-            "full_topk_us": bench(lambda: ops.full_topk(*a, topk=512)),
-            "candidate_source_us": bench(
-                lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048)
+            "floor_us": T * n_big * REC / bw * 1e6,  # bytes read once, at the copy byte rate
+            "scan_us": graph_us(lambda: ops.block_scores(*a, force_newest=True)),
+            "full_topk_us": graph_us(lambda: ops.full_topk(*a, topk=TOPK)),
+            "candidate_source_us": graph_us(
+                lambda: ops.candidate_source(*a, topk=TOPK, pool_blocks=POOL_BLOCKS)
             ),
+            "torch_full_topk_us": events_us(lambda: plain_torch_full_topk(*a)),
         }
-        bscores = ops.block_scores(*a, force_newest=True)
-        row["select_2048_blocks_us"] = bench(lambda: ops.select_blocks(bscores, 2048))
-        row["select_2048_blocks_torch_us"] = with_select(
-            "torch", lambda: bench(lambda: ops.select_blocks(bscores, 2048))
-        )
-        row["candidate_source_torchsel_us"] = with_select(
-            "torch", lambda: bench(lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048))
-        )
-        row["candidate_source_graph_us"] = bench_graph(
-            lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048)
-        )
-        row["full_topk_graph_us"] = bench_graph(lambda: ops.full_topk(*a, topk=512))
+        a = (*a[:2], bf16_keys(a[2]), *a[3:])
+        row["torch_bf16_cache_full_topk_us"] = events_us(lambda: plain_torch_full_topk(*a))
         row["scan_TBps"] = T * n_big * REC / (row["scan_us"] * 1e-6) / 1e12
         res["full"].append(row)
         print("full", row, flush=True)
-    del cases
-    torch.cuda.empty_cache()
+        a = None
+        torch.cuda.empty_cache()
 
-    # 3b. Prefill: 64 query tokens of one request at N = 1M; group = tokens sharing a key tile
     Tp = 64
     c = pool_case(1, n_big, seed=5)
     base = tt.random_case(Tp, 1, 8, 8, seed=6)
@@ -221,147 +223,72 @@ def main():
     )
     a = tt.case_args(c)
     flop = Tp * n_big * 2 * 32 * 128
+    t = graph_us(lambda: ops.block_scores(*a, force_newest=True, group=8))
     res["prefill"] = {
         "T": Tp,
         "N": n_big,
+        "group": 8,
         "floor_bytes_us": n_big * REC / bw * 1e6,
-        "floor_flop_us": flop / 701e12 * 1e6,
-        "runs": [],
+        "scan_us": t,
+        "TFLOPs": flop / (t * 1e-6) / 1e12,
+        "candidate_source_us": graph_us(
+            lambda: ops.candidate_source(*a, topk=TOPK, pool_blocks=POOL_BLOCKS, group=8)
+        ),
     }
-    for group, bn, nw in ((1, 128, 4), (4, 128, 8), (8, 64, 8), (8, 128, 8)):
-        ops.TUNING["scan_group"].update(bn=bn, tiles=8, num_warps=nw)
-        t = bench(lambda: ops.block_scores(*a, force_newest=True, group=group))
-        row = {
-            "group": group,
-            "bn": bn,
-            "num_warps": nw,
-            "scan_us": t,
-            "us_per_token": t / Tp,
-            "TFLOPs": flop / (t * 1e-6) / 1e12,
-        }
-        res["prefill"]["runs"].append(row)
-        print("prefill", row, flush=True)
-    best = min((r for r in res["prefill"]["runs"] if r["group"] > 1), key=lambda r: r["scan_us"])
-    ops.TUNING["scan_group"].update(bn=best["bn"], tiles=8, num_warps=best["num_warps"])
-    res["scan_group_tuning"] = dict(ops.TUNING["scan_group"], group=best["group"])
-    res["prefill"]["candidate_source_us"] = bench(
-        lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048, group=best["group"])
-    )
+    print("prefill", res["prefill"], flush=True)
     c = a = base = None
     torch.cuda.empty_cache()
 
-    # 4. Reindex per decode step; first the pool kernel's launch shape at N = 1M
-    res["pool_sweep"] = []
-    best, best_t = None, float("inf")
-    for T in (1, 32):
-        c = pool_case(T, n_big, seed=7 + T)
-        a = tt.case_args(c)
-        pool = random_pool(T, n_big)
-        for bn, tiles, nw in POOL_SHAPES:
-            ops.TUNING["pool"].update(bn=bn, tiles=tiles, num_warps=nw)
-            row = {
-                "T": T,
-                "bn": bn,
-                "tiles": tiles,
-                "num_warps": nw,
-                "us": bench(lambda: ops.pool_scores(*a, pool)),
-            }
-            res["pool_sweep"].append(row)
-            print("pool sweep", row, flush=True)
-        c = a = pool = None
-    for shape in POOL_SHAPES:
-        t = sum(
-            r["us"] * (8 if r["T"] == 1 else 1)
-            for r in res["pool_sweep"]
-            if (r["bn"], r["tiles"], r["num_warps"]) == shape
-        )
-        if t < best_t:
-            best, best_t = shape, t
-    ops.TUNING["pool"].update(bn=best[0], tiles=best[1], num_warps=best[2])
-    res["pool_tuning"] = dict(ops.TUNING["pool"])
-    torch.cuda.empty_cache()
     res["reindex"] = []
-    ns = [1 << 14, 1 << 16, 1 << 18, 1 << 20]
     for T in (1, 32):
-        for n in ns:
-            c = pool_case(T, n, seed=n + T)
-            a = tt.case_args(c)
+        for n in (1 << 14, 1 << 16, 1 << 18, 1 << 20):
+            a = tt.case_args(pool_case(T, n, seed=n + T))
             pool = random_pool(T, n)
             row = {
                 "T": T,
                 "N": n,
-                "pooled_us": bench(lambda: ops.reindex(*a, pool, topk=512)),
-                "pooled_graph_us": bench_graph(lambda: ops.reindex(*a, pool, topk=512)),
-                "pooled_graph_cold_us": bench_graph_cold(lambda: ops.reindex(*a, pool, topk=512)),
-                "pooled_torchsel_us": with_select(
-                    "torch", lambda: bench(lambda: ops.reindex(*a, pool, topk=512))
-                ),
-                "pool_scores_us": bench(lambda: ops.pool_scores(*a, pool)),
+                "pooled_us": graph_us(lambda: ops.reindex(*a, pool, topk=TOPK)),
+                "pool_scores_us": graph_us(lambda: ops.pool_scores(*a, pool)),
             }
             if not (args.quick and n > (1 << 16)):
-                row["torch_mask_topk_us"] = bench_slow(lambda: ref.reindex_ref(*a, pool, 512))
+                row["torch_us"] = events_us(lambda: plain_torch_reindex(*a, pool))
+                a = (*a[:2], bf16_keys(a[2]), *a[3:])
+                row["torch_bf16_cache_us"] = events_us(lambda: plain_torch_reindex(*a, pool))
             res["reindex"].append(row)
             print("reindex", row, flush=True)
-            c = a = pool = None
+            a = pool = None
             torch.cuda.empty_cache()
     for T in (1, 32):
-        t = {r["N"]: r for r in res["reindex"] if r["T"] == T}
-        for key in ("pooled_us", "pooled_graph_us", "pooled_graph_cold_us"):
-            res[f"reindex_ratio_1M_64K_T{T}_{key}"] = t[1 << 20][key] / t[1 << 16][key]
+        t = {r["N"]: r["pooled_us"] for r in res["reindex"] if r["T"] == T}
+        res[f"reindex_ratio_1M_64K_T{T}"] = t[1 << 20] / t[1 << 16]
 
     with open(os.path.join(args.out, "bench_indexer.json"), "w") as f:
         json.dump(res, f, indent=1)
-    print(
-        f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, commit {res['commit']}"
-    )
-    print(f"scan launch shape {res['scan_tuning']}, pool launch shape {res['pool_tuning']}")
-    print(
-        "| T | N | scan us | floor us | scan TB/s | select 2048 us (torch.topk) | full_topk us"
-        " (graph) | cand_src us (torch.topk sel) | cand_src graph us |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"\n{res['device']}, torch {res['torch']}, triton {res['triton']}, {res['commit']}")
+    print("| T | N | scan us | floor us | scan TB/s | full_topk us | cand_src us | torch us"
+          " (bf16 keys) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for r in res["full"]:
         print(
             f"| {r['T']} | {r['N']} | {r['scan_us']:.1f} | {r['floor_us']:.1f} | "
-            f"{r['scan_TBps']:.2f} | {r['select_2048_blocks_us']:.1f} "
-            f"({r['select_2048_blocks_torch_us']:.1f}) | {r['full_topk_us']:.1f} "
-            f"({r['full_topk_graph_us']:.1f}) | "
-            f"{r['candidate_source_us']:.1f} ({r['candidate_source_torchsel_us']:.1f}) | "
-            f"{r['candidate_source_graph_us']:.1f} |"
+            f"{r['scan_TBps']:.2f} | {r['full_topk_us']:.1f} | {r['candidate_source_us']:.1f} | "
+            f"{r['torch_full_topk_us']:.0f} ({r['torch_bf16_cache_full_topk_us']:.0f}) |"
         )
     pf = res["prefill"]
     print(
-        f"prefill: {pf['T']} tokens of one request, N = {pf['N']}; floors: bytes "
-        f"{pf['floor_bytes_us']:.1f} us, tensor FLOP {pf['floor_flop_us']:.0f} us; "
-        f"candidate_source (best group) {pf['candidate_source_us']:.0f} us"
+        f"prefill {pf['T']} tokens, N = {pf['N']}, group {pf['group']}: scan {pf['scan_us']:.0f} "
+        f"us ({pf['TFLOPs']:.0f} TFLOP/s), candidate_source {pf['candidate_source_us']:.0f} us"
     )
-    print("| group | bn | warps | scan us | us / token | TFLOP/s |")
+    print("| T | N | reindex us | pool_scores us | torch us | torch, bf16 keys us |")
     print("|---|---|---|---|---|---|")
-    for r in pf["runs"]:
-        print(
-            f"| {r['group']} | {r['bn']} | {r['num_warps']} | {r['scan_us']:.0f} | "
-            f"{r['us_per_token']:.1f} | {r['TFLOPs']:.0f} |"
-        )
-    print(
-        "| T | N | pooled reindex us | graph us | graph cold-L2 us | torch.topk sel us |"
-        " pool_scores us | torch mask-and-topk us |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
     for r in res["reindex"]:
-        tm = r.get("torch_mask_topk_us")
+        tm, tb = r.get("torch_us"), r.get("torch_bf16_cache_us")
         print(
-            f"| {r['T']} | {r['N']} | {r['pooled_us']:.1f} | {r['pooled_graph_us']:.1f} | "
-            f"{r['pooled_graph_cold_us']:.1f} | "
-            f"{r['pooled_torchsel_us']:.1f} | {r['pool_scores_us']:.1f} | "
-            f"{f'{tm:.0f}' if tm else '-'} |"
+            f"| {r['T']} | {r['N']} | {r['pooled_us']:.1f} | {r['pool_scores_us']:.1f} | "
+            f"{f'{tm:.0f}' if tm else '-'} | {f'{tb:.0f}' if tb else '-'} |"
         )
     for T in (1, 32):
-        print(
-            f"t(1M)/t(64K) batch {T}: eager "
-            f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_us']:.3f}, graph "
-            f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_graph_us']:.3f}, graph cold-L2 "
-            f"{res[f'reindex_ratio_1M_64K_T{T}_pooled_graph_cold_us']:.3f}"
-        )
+        print(f"t(1M)/t(64K) batch {T}: {res[f'reindex_ratio_1M_64K_T{T}']:.3f}")
 
 
 if __name__ == "__main__":

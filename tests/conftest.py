@@ -1,4 +1,6 @@
 import os
+import re
+import subprocess
 import sys
 
 import pytest
@@ -33,3 +35,27 @@ def pytest_collection_modifyitems(config, items):
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "triton_interpret: run the test in a fresh process under TRITON_INTERPRET=1 (Triton "
+        "kernels on CPU tensors; the variable must be set before triton is imported)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A `triton_interpret` test outside an interpreter process re-runs itself in one."""
+    if pyfuncitem.get_closest_marker("triton_interpret") is None:
+        return None
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", pyfuncitem.nodeid]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0 or not re.search(r"\b1 passed\b", r.stdout):
+        pytest.fail(f"under TRITON_INTERPRET=1:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}", False)
+    return True

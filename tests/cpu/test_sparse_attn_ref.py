@@ -2,10 +2,6 @@
 Triton."""
 
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -16,6 +12,7 @@ from sglang_dsv41.kernels.sparse_attn import (
     sparse_attention_ref,
     swa_window_slots,
 )
+from sglang_dsv41.kernels.sparse_attn.ref import gather_records
 from sglang_dsv41.kv.records import Layout, pack, unpack
 
 
@@ -105,15 +102,29 @@ def test_entry_slots():
     assert got.tolist() == [[123, -1, 120], [19 + 100, 105, -1]]
 
 
-_INTERP = textwrap.dedent("""
-    import torch
+# Kernel variants of kernels/sparse_attn/triton.py (Plan fields), each run under the interpreter.
+INTERP_VARIANTS = [
+    dict(swap=True, prefetch=True, block_n=16),
+    dict(swap=True, skew=True, prefetch=True, block_n=16, num_splits=3),
+    dict(swap=True, block_n=32, num_splits=2),
+    dict(swap=False, block_n=16),
+    dict(swap=False, skew=True, block_n=16, num_splits=3),
+    dict(swap=False, prefetch=True, block_n=32, num_splits=2),
+    dict(swap=False, workspace=True, block_n=16),
+    dict(swap=True, workspace=True, block_n=32, num_splits=2),
+]
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("H", [8, 16, 32])
+def test_triton_kernel_variants_interpreted(H):
+    """Every kernel variant, both main-KV layouts, split and unsplit, at a rank's head count,
+    against the fp32 reference (the interpreter computes the tiles in fp32)."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
-    from sglang_dsv41.kernels.sparse_attn.ref import sparse_attention_ref
-    from sglang_dsv41.kv.records import Layout, pack
-    torch.manual_seed(0)
-    D, H, T, W, TOPK, S = 64, 8, 3, 10, 20, 40
+
+    D, T, W, TOPK, S = 64, 3, 10, 20, 40
     for layout in (Layout.V41_FP4, Layout.V41):
-        for ns in (1, 3):
+        for launch in INTERP_VARIANTS:
             swa = pack(Layout.V41, torch.randn(S, D))
             kv = pack(layout, torch.randn(S, D))
             q = torch.randn(T, H, D).to(torch.bfloat16)
@@ -123,21 +134,44 @@ _INTERP = textwrap.dedent("""
             tk = torch.randint(0, S, (T, TOPK), dtype=torch.int32)
             tk[1, 5:] = -1
             tk[2] = -1
-            sink = torch.randn(H) if ns == 1 else None
+            sink = torch.randn(2 * H)[H:] if "num_splits" in launch else None
             ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32)
             out = torch.full((T, H, D), float("nan"))
-            tri.sparse_attention(q, swa, sw, kv, tk, layout is Layout.V41_FP4, sink, D ** -0.5,
-                                 out, num_splits=ns, block_n=16)
+            tri.sparse_attention(
+                q, swa, sw, kv, tk, layout is Layout.V41_FP4, sink, D**-0.5, out,
+                block_h=max(16, H), num_warps=4, **launch,
+            )  # fmt: skip
             err = ((out - ref).norm() / ref.norm()).item()
-            print(layout.name, ns, err)
-            assert err < 1e-5 and (out[2] == 0).all()
-""")
+            assert err < 1e-5 and (out[2] == 0).all(), (layout, launch, err)
 
 
-def test_triton_attention_interpreted():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run(
-        [sys.executable, "-c", _INTERP], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+def test_flashmla_workspace_interpreted(layout):
+    """The FlashMLA path's workspace: each referenced record once, dequantized; entry lists
+    remapped to its rows (-1 kept, padded to 64); a token with no entry reads the zero row."""
+    from sglang_dsv41.kernels.sparse_attn.triton_workspace import build_workspace
+
+    D, T, W, TOPK, S1, S2 = 64, 5, 6, 9, 30, 50
+    swa = pack(Layout.V41, torch.randn(S1, D))
+    kv = pack(layout, torch.randn(S2, D))
+    sw = torch.randint(0, S1, (T, W), dtype=torch.int32)
+    tk = torch.randint(0, S2, (T, TOPK), dtype=torch.int32)
+    sw[0, :2] = -1
+    tk[1, 4:] = -1
+    sw[3] = -1
+    tk[3] = -1
+    ws, rows = build_workspace(swa, sw, kv, tk, layout is Layout.V41_FP4, D)
+    n_ref = len(set(sw[sw >= 0].tolist())) + len(set(tk[tk >= 0].tolist()))
+    R = min(S1 + S2, T * (W + TOPK)) + 1
+    assert ws.shape == (R, D) and rows.shape == (T, 64)
+    assert (rows[:, W + TOPK :] == -1).all()
+    keys = torch.cat((gather_records(swa, sw, Layout.V41, D), gather_records(kv, tk, layout, D)), 1)
+    valid = torch.cat((sw, tk), 1) >= 0
+    read = valid.clone()
+    read[3, 0] = True  # the token that sees nothing reads the zero row
+    assert torch.equal(rows[:, : W + TOPK] >= 0, read)
+    got = ws.float()[rows[:, : W + TOPK].clamp(min=0).long()]
+    assert torch.equal(got[valid], keys[valid])
+    assert rows[valid.nonzero(as_tuple=True)].max() == n_ref - 1  # compacted: rows 0 .. n_ref-1
+    assert rows[3, 0] == R - 1 and (ws[R - 1] == 0).all()

@@ -3,6 +3,8 @@
 Bar (flash-attention's Hopper rule): error <= 2x the error of plain bf16 torch, both measured
 against the fp32 reference. Pools are poisoned with 0xFF (NaN in every record format) and only
 the referenced slots are written by the store kernel, so a read of an unwritten slot fails.
+Every head count a rank serves (8, 16, 32, 64 heads per GPU, and 128) runs the default plan and
+each kernel variant the plan can choose (`triton.variants_for`), with this rank's slice of the sink.
 """
 
 import pytest
@@ -14,7 +16,10 @@ from sglang_dsv41.kernels.sparse_attn import (
     sparse_attention,
     sparse_attention_ref,
     swa_window_slots,
+    triton_flashmla,
+    triton_workspace,
 )
+from sglang_dsv41.kernels.sparse_attn import triton as tri
 from sglang_dsv41.kv.records import Layout, record_bytes
 
 pytestmark = pytest.mark.skipif(
@@ -32,8 +37,9 @@ def _pool(layout, D, n, used):
     return pool
 
 
-def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0):
-    """T query tokens of 2 requests with their own positions, windows and top-k lists."""
+def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0, rank=1):
+    """T query tokens of 2 requests with their own positions, windows and top-k lists; the sink
+    is rank `rank`'s slice of a model-wide one (H heads per rank)."""
     B = 2
     req_index = torch.arange(T, device=DEV) % B
     pos = torch.randint(0, ctx, (T,), device=DEV)
@@ -54,7 +60,7 @@ def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0):
     swa = _pool(Layout.V41, D, B * ctx, used_sw)
     kv = _pool(layout, D, n_kv, used_kv)
     q = torch.randn(T, H, D, device=DEV).to(torch.bfloat16)
-    sink = torch.randn(H, device=DEV)
+    sink = torch.randn(H * (rank + 1), device=DEV)[rank * H :]
     return q, swa, sw, kv, tk, sink
 
 
@@ -63,7 +69,8 @@ def _check(q, swa, sw, kv, tk, layout, sink, **launch):
     bf = sparse_attention_ref(
         q, swa, sw, kv, tk, layout, sink, None, torch.float32, compute_dtype=torch.bfloat16
     )
-    out = sparse_attention(q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, **launch)
+    out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
+    sparse_attention(q, swa, sw, kv, tk, layout, sink, out=out, **launch)
     assert torch.isfinite(out).all()
     err = ((out - ref).norm() / ref.norm()).item()
     err_bf = ((bf - ref).norm() / ref.norm()).item()
@@ -72,13 +79,42 @@ def _check(q, swa, sw, kv, tk, layout, sink, **launch):
 
 
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-@pytest.mark.parametrize("H", [8, 16, 64, 128])
+@pytest.mark.parametrize("H", [8, 16, 32, 64, 128])
 @pytest.mark.parametrize("T", [1, 5, 40])
 def test_decode_and_prefill_shapes(layout, H, T):
     q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
     out, err, err_bf = _check(q, swa, sw, kv, tk, layout, sink)
     if T > 2:
         assert (out[2] == 0).all()  # only the sink: zero value
+
+
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+@pytest.mark.parametrize("T", [1, 40])
+@pytest.mark.parametrize(
+    "H, variant",
+    [(h, v) for h in (8, 16, 32, 64) for v in tri.variants_for(h) if v != "flashmla"],
+)
+def test_every_variant_at_every_head_count(layout, T, H, variant):
+    """Each kernel variant the plan may pick, split (T = 1) and unsplit (T = 40)."""
+    q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
+    launch = dict(tri.variants_for(H)[variant], num_splits=None if T == 1 else 1)
+    out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, **launch)
+    if T > 2:
+        assert (out[2] == 0).all()
+
+
+@pytest.mark.skipif(not triton_flashmla.available(), reason="flash_mla is not installed")
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+@pytest.mark.parametrize("H", [64, 128])
+def test_flashmla_workspace_path(layout, H, monkeypatch):
+    """FlashMLA's sparse prefill over the dequantized workspace, in one chunk and token by token
+    (the workspace bound forced below the referenced slots)."""
+    q, swa, sw, kv, tk, sink = make_case(70, H, 512, 128, 512, layout, floor_every=3)
+    out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, flashmla=True)
+    assert (out[2] == 0).all()
+    monkeypatch.setattr(triton_workspace, "MAX_ROWS", 1000)
+    chunked, _, _ = _check(q, swa, sw, kv, tk, layout, sink, flashmla=True)
+    torch.testing.assert_close(chunked, out, rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
@@ -100,6 +136,7 @@ def test_splits_and_tiles_agree(layout, block_h, block_n, num_warps, num_splits)
         block_h=block_h,
         block_n=block_n,
         num_warps=num_warps,
+        swap=False,
     )
 
 
@@ -111,16 +148,19 @@ def test_small_head_dim_no_sink_bf16_out():
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
-def test_swa_only_layer():
-    q, swa, sw, kv, tk, sink = make_case(6, 64, 512, 128, 16, Layout.V41_FP4)
+@pytest.mark.parametrize("H", [8, 64])
+def test_swa_only_layer(H):
+    q, swa, sw, kv, tk, sink = make_case(6, H, 512, 128, 16, Layout.V41_FP4)
     ref = sparse_attention_ref(q, swa, sw, None, None, Layout.V41_FP4, sink, None, torch.float32)
     out = sparse_attention(q, swa, sw, None, None, attn_sink=sink, out_dtype=torch.float32)
     assert ((out - ref).norm() / ref.norm()).item() < 1e-2
 
 
-def test_decode_graph_capture():
-    q, swa, sw, kv, tk, sink = make_case(8, 64, 512, 128, 512, Layout.V41_FP4)
-    out = torch.empty(8, 64, 512, dtype=torch.bfloat16, device=DEV)
+@pytest.mark.parametrize("H", [8, 16, 32, 64])
+@pytest.mark.parametrize("T", [1, 8, 128])
+def test_decode_graph_capture(H, T):
+    q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, Layout.V41_FP4)
+    out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=DEV)
     sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out)  # compile
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -128,6 +168,26 @@ def test_decode_graph_capture():
     q.copy_(torch.randn_like(q))
     g.replay()
     want = sparse_attention(q, swa, sw, kv, tk, attn_sink=sink)
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize(
+    "H, variant", [(8, "ws_direct_n32"), (32, "ws_swap_w8_n32"), (64, "flashmla")]
+)
+def test_prefill_routes_graph_capture(H, variant):
+    """The workspace routes (Triton over bf16 rows, FlashMLA) replay from a CUDA graph."""
+    if variant == "flashmla" and not triton_flashmla.available():
+        pytest.skip("flash_mla is not installed")
+    q, swa, sw, kv, tk, sink = make_case(40, H, 512, 128, 512, Layout.V41_FP4)
+    launch = tri.variants_for(H)[variant]
+    out = torch.empty(40, H, 512, dtype=torch.bfloat16, device=DEV)
+    sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out, **launch)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out, **launch)
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    want = sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, **launch)
     assert torch.equal(out, want)
 
 
@@ -148,4 +208,4 @@ def test_exact_path_fp32_q(layout, H, D, T):
             q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, num_splits=splits
         )
         err = ((out - ref).norm() / ref.norm()).item()
-        assert err < 2e-6, (splits, err)
+        assert err < 2e-6, (err, splits)

@@ -1,0 +1,53 @@
+"""Sparse attention through FlashMLA's SM90 sparse prefill, for 64 (or 128) heads and
+prefill-sized token counts: the records the tokens reference are dequantized once into a bf16
+workspace (`triton_workspace`), which FlashMLA (`sgl-flash-mla`, a dependency of SGLang) reads
+through per-token row lists; it does not read V4.1 records on SM90 itself.
+
+Tokens are taken in chunks whose workspace stays under `triton_workspace.MAX_ROWS` rows.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from sglang_dsv41.kernels.sparse_attn.triton_workspace import build_workspace, token_chunks
+
+
+@functools.cache
+def available() -> bool:
+    """True when `flash_mla` (with `flash_mla_sparse_fwd`) imports."""
+    try:
+        import flash_mla
+    except Exception:
+        return False
+    return hasattr(flash_mla, "flash_mla_sparse_fwd")
+
+
+def sparse_attention(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out):
+    """Same contract as `triton.sparse_attention`, for q bf16 [T, 64 or 128, 512] on SM90."""
+    import flash_mla
+
+    T, H, D = q.shape
+    if q.dtype != torch.bfloat16 or H not in (64, 128) or D != 512:
+        raise ValueError(
+            f"the FlashMLA path takes bf16 q with 64 or 128 heads of 512, got {q.dtype} "
+            f"{tuple(q.shape)}"
+        )
+    q = q if q.is_contiguous() else q.contiguous()  # FlashMLA reads q densely
+    for t0, t1 in token_chunks(swa_flat, swa_slots, kv_flat, topk_slots):
+        ws, rows = build_workspace(
+            swa_flat, swa_slots[t0:t1], kv_flat, topk_slots[t0:t1], kv_fp4, D
+        )
+        o = flash_mla.flash_mla_sparse_fwd(
+            q[t0:t1],
+            ws.view(-1, 1, D),
+            rows.view(t1 - t0, 1, -1),
+            scale,
+            D,
+            attn_sink=attn_sink,
+            use_legacy=True,
+        )[0]
+        out[t0:t1].copy_(o)
+    return out

@@ -1,0 +1,100 @@
+"""A bf16 workspace of the records a batch of tokens references: each record dequantized once.
+
+Prefill tokens share most of their entries (a window slides by one token; top-k lists overlap),
+so dequantizing per (token, entry) repeats the same work ~100 times over a 4K-token chunk. Here
+the referenced slots are compacted and dequantized once:
+
+1. mark: flag[c] = 1 for every referenced slot, in one slot space c (SWA slots first, then the
+   main-KV slots shifted by the SWA cache's size);
+2. rank: row[c] = (number of flagged slots before c), a cumulative sum;
+3. dequantize: `dequant_rows_kernel` writes each flagged record's D values as bf16 at its row;
+4. remap: each token's entry list becomes workspace rows (-1 stays -1; a token that sees no entry
+   gets the workspace's last row, all zeros, so its output is 0 as the sink-only softmax gives).
+
+All steps run on device without host syncs (CUDA-graph capturable). Consumers: FlashMLA's sparse
+prefill (`triton_flashmla`) and the Triton kernel over BF16 rows (`triton.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang_dsv41.kernels.sparse_attn.triton_records import deq, raw
+
+ROW_ALIGN = 64  # entry lists are padded to a multiple of 64 (FlashMLA walks blocks of 64)
+MAX_ROWS = 1 << 18  # workspace rows per chunk of tokens: 256 MB of bf16 at D = 512
+
+
+def token_chunks(swa_flat, swa_slots, kv_flat, topk_slots) -> list:
+    """[(t0, t1)]: token ranges whose workspace stays under MAX_ROWS rows. One range unless both
+    the slots the tokens may reference and T x N reach MAX_ROWS."""
+    T, W = swa_slots.shape
+    TOPK = topk_slots.shape[1]
+    N = W + TOPK
+    bound = (swa_flat.shape[0] if W else 0) + (kv_flat.shape[0] if TOPK else 0)
+    step = T if min(bound, T * N) < MAX_ROWS else max(1, MAX_ROWS // max(N, 1))
+    return [(t0, min(T, t0 + step)) for t0 in range(0, T, step)]
+
+
+@triton.jit
+def dequant_rows_kernel(
+    src_ptr,  # uint8 [S, RS] records
+    flag_ptr,  # int32 [S]: 1 = referenced
+    row_ptr,  # int32 [S]: workspace row of a referenced slot
+    ws_ptr,  # bf16 [R, D]
+    S,
+    D: tl.constexpr,
+    RS: tl.constexpr,
+    BS: tl.constexpr,
+    FMT: tl.constexpr,
+):
+    """ws[row[s]] = dequantized record s, for the flagged slots s of this program's BS slots."""
+    o_s = tl.program_id(0) * BS + tl.arange(0, BS)
+    m_s = o_s < S
+    flag = tl.load(flag_ptr + o_s, mask=m_s, other=0)
+    slot = tl.where(flag != 0, o_s, -1)
+    b_v, b_s = raw(src_ptr, RS, slot, D, FMT)
+    b_k = deq(b_v, b_s, D, BS, tl.float32, FMT)  # [BS, D], exact in bf16
+    row = tl.load(row_ptr + o_s, mask=m_s, other=0).to(tl.int64)
+    o_d = tl.arange(0, D)
+    p_ws = ws_ptr + row[:, None] * D + o_d[None, :]
+    tl.store(p_ws, b_k.to(ws_ptr.dtype.element_ty), mask=(slot >= 0)[:, None])
+
+
+def build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int):
+    """(ws bf16 [R, D], rows int32 [T, N']): the referenced records dequantized once, and each
+    token's entries as workspace rows (-1 = skip), N' = W + TOPK rounded up to 64.
+
+    swa_flat uint8 [S1, D + D/32] with swa_slots int32 [T, W]; kv_flat uint8 [S2, B] with
+    topk_slots int32 [T, TOPK] (-1 = skip). Row R - 1 is zeros: a token with no entry points
+    there (its output is then 0, as the reference gives).
+    """
+    T, W = swa_slots.shape
+    TOPK = topk_slots.shape[1]
+    dev = swa_slots.device
+    S1 = swa_flat.shape[0] if W else 0
+    S2 = kv_flat.shape[0] if TOPK else 0
+    N = W + TOPK
+    n_pad = triton.cdiv(N, ROW_ALIGN) * ROW_ALIGN
+    R = min(S1 + S2, T * N) + 1
+    c = torch.cat((swa_slots, torch.where(topk_slots >= 0, topk_slots + S1, -1)), dim=1)
+    valid = c >= 0  # [T, N]
+    c_any = torch.where(valid, c, S1 + S2).long()  # invalid entries flag the extra slot
+    flag = torch.zeros(S1 + S2 + 1, dtype=torch.int32, device=dev)
+    flag.index_fill_(0, c_any.flatten(), 1)
+    flag[S1 + S2 :].zero_()  # (a fill: item assignment would copy from the host)
+    row = torch.cumsum(flag, 0, dtype=torch.int32) - flag  # [S1 + S2 + 1]
+    ws = torch.empty(R, D, dtype=torch.bfloat16, device=dev)
+    ws[R - 1].zero_()
+    BS = 16
+    for src, n, off, fmt in ((swa_flat, S1, 0, 0), (kv_flat, S2, S1, int(kv_fp4))):
+        if n:
+            dequant_rows_kernel[(triton.cdiv(n, BS),)](
+                src, flag[off:], row[off:], ws, n, D=D, RS=src.shape[1], BS=BS, FMT=fmt
+            )
+    rows = torch.full((T, n_pad), -1, dtype=torch.int32, device=dev)
+    rows[:, :N] = torch.where(valid, row[c_any], -1)
+    rows[:, 0] = torch.where(valid.any(dim=1), rows[:, 0], R - 1)
+    return ws, rows
