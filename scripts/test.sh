@@ -11,18 +11,8 @@ echo "[test] ruff check + ruff format --check" >&2
 "$ruff" check .
 "$ruff" format --check .
 set +e
-if [ "$#" -gt 0 ]; then
-  "$py" -m pytest -q -p no:cacheprovider "$@"
-  rc=$?
-else
-  "$py" -m pytest -q -p no:cacheprovider -m "not interpreter" tests/cpu tests/e2e
-  rc=$?
-  echo "[test] Triton kernels under the interpreter (TRITON_INTERPRET=1, own process)" >&2
-  TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" "$py" -m pytest -q -p no:cacheprovider \
-    -m interpreter tests/cpu
-  rc2=$?
-  [ "$rc" -eq 0 ] && rc=$rc2
-fi
+"$py" -m pytest -q -p no:cacheprovider ${@:-tests/cpu tests/e2e}
+rc=$?
 set -e
 [ "$rc" -eq 5 ] && { echo "no tests collected" >&2; exit 1; }
 exit "$rc"

@@ -97,7 +97,7 @@ def _force_triton(monkeypatch, *ops):
         monkeypatch.setattr(mod, "use_triton", lambda device: True)
 
 
-@pytest.mark.interpreter
+@pytest.mark.triton_interpret
 @torch.no_grad()
 def test_triton_stores_and_attention_generate_oracle_tokens(model, monkeypatch):
     pytest.importorskip("triton")
@@ -107,7 +107,7 @@ def test_triton_stores_and_attention_generate_oracle_tokens(model, monkeypatch):
     assert got == [model.generate(p, 2, replay=False) for p in ps]
 
 
-@pytest.mark.interpreter
+@pytest.mark.triton_interpret
 @torch.no_grad()
 def test_triton_indexer_picks_oracle_topk(monkeypatch):
     """The Triton indexer (full_topk, candidate_source, reindex over page-size-1 entry tables)
