@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
 from sglang_dsv41.kernels.sparse_attn import triton as sa
 from sglang_dsv41.kv.records import Layout, record_bytes
@@ -94,17 +95,8 @@ def ours_decode(B, layout, cfg=None):
         if cfg is None
         else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
     )
-    fn = lambda: sparse_attention(
-        q,
-        swa,
-        swa_slots,
-        kv,
-        topk_slots,
-        layout,
-        sink,
-        out=out,  # noqa
-        **launch,
-    )
+    b = SparseKV(swa, swa_slots, kv, topk_slots, layout)
+    fn = lambda: sparse_attention(q, b, sink, out=out, **launch)
     fn()
     return bench(fn), bench_graph(fn)
 
@@ -192,17 +184,8 @@ def ours_prefill(T, layout, cfg=None, ctx_tokens=16384):
         if cfg is None
         else dict(block_h=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
     )
-    fn = lambda: sparse_attention(
-        q,
-        swa,
-        swa_slots,
-        kv,
-        topk_slots,
-        layout,
-        sink,
-        out=out,  # noqa
-        **launch,
-    )
+    b = SparseKV(swa, swa_slots, kv, topk_slots, layout)
+    fn = lambda: sparse_attention(q, b, sink, out=out, **launch)
     fn()
     return bench(fn)
 

@@ -25,12 +25,15 @@ import torch
 import triton
 import triton.testing
 
+from sglang_dsv41.kernels.args import IndexerGeometry
 from sglang_dsv41.kernels.indexer import ops, ref
 from sglang_dsv41.kernels.indexer import testing as tt
 
 P = 64
 REC = 68
 POOL_SHAPES = ((128, 1, 8), (128, 1, 4), (64, 1, 4), (128, 4, 4), (64, 4, 4))
+
+FLASH = IndexerGeometry(topk=512, pool_blocks=2048, block=8)  # V4.1-Flash's sizes
 
 
 def pool_case(T, n, seed=0):
@@ -186,10 +189,8 @@ def main():
             "N": n_big,
             "floor_us": floor_us,
             "scan_us": bench(lambda: ops.block_scores(*a, force_newest=True)),
-            "full_topk_us": bench(lambda: ops.full_topk(*a, topk=512)),
-            "candidate_source_us": bench(
-                lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048)
-            ),
+            "full_topk_us": bench(lambda: ops.full_topk(*a, FLASH)),
+            "candidate_source_us": bench(lambda: ops.candidate_source(*a, FLASH)),
         }
         bscores = ops.block_scores(*a, force_newest=True)
         row["select_2048_blocks_us"] = bench(lambda: ops.select_blocks(bscores, 2048))
@@ -197,12 +198,10 @@ def main():
             "torch", lambda: bench(lambda: ops.select_blocks(bscores, 2048))
         )
         row["candidate_source_torchsel_us"] = with_select(
-            "torch", lambda: bench(lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048))
+            "torch", lambda: bench(lambda: ops.candidate_source(*a, FLASH))
         )
-        row["candidate_source_graph_us"] = bench_graph(
-            lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048)
-        )
-        row["full_topk_graph_us"] = bench_graph(lambda: ops.full_topk(*a, topk=512))
+        row["candidate_source_graph_us"] = bench_graph(lambda: ops.candidate_source(*a, FLASH))
+        row["full_topk_graph_us"] = bench_graph(lambda: ops.full_topk(*a, FLASH))
         row["scan_TBps"] = T * n_big * REC / (row["scan_us"] * 1e-6) / 1e12
         res["full"].append(row)
         print("full", row, flush=True)
@@ -245,7 +244,7 @@ def main():
     ops.TUNING["scan_group"].update(bn=best["bn"], tiles=8, num_warps=best["num_warps"])
     res["scan_group_tuning"] = dict(ops.TUNING["scan_group"], group=best["group"])
     res["prefill"]["candidate_source_us"] = bench(
-        lambda: ops.candidate_source(*a, topk=512, pool_blocks=2048, group=best["group"])
+        lambda: ops.candidate_source(*a, FLASH, group=best["group"])
     )
     c = a = base = None
     torch.cuda.empty_cache()
@@ -290,16 +289,16 @@ def main():
             row = {
                 "T": T,
                 "N": n,
-                "pooled_us": bench(lambda: ops.reindex(*a, pool, topk=512)),
-                "pooled_graph_us": bench_graph(lambda: ops.reindex(*a, pool, topk=512)),
-                "pooled_graph_cold_us": bench_graph_cold(lambda: ops.reindex(*a, pool, topk=512)),
+                "pooled_us": bench(lambda: ops.reindex(*a, pool, FLASH)),
+                "pooled_graph_us": bench_graph(lambda: ops.reindex(*a, pool, FLASH)),
+                "pooled_graph_cold_us": bench_graph_cold(lambda: ops.reindex(*a, pool, FLASH)),
                 "pooled_torchsel_us": with_select(
-                    "torch", lambda: bench(lambda: ops.reindex(*a, pool, topk=512))
+                    "torch", lambda: bench(lambda: ops.reindex(*a, pool, FLASH))
                 ),
                 "pool_scores_us": bench(lambda: ops.pool_scores(*a, pool)),
             }
             if not (args.quick and n > (1 << 16)):
-                row["torch_mask_topk_us"] = bench_slow(lambda: ref.reindex_ref(*a, pool, 512))
+                row["torch_mask_topk_us"] = bench_slow(lambda: ref.reindex_ref(*a, pool, FLASH))
             res["reindex"].append(row)
             print("reindex", row, flush=True)
             c = a = pool = None

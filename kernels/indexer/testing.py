@@ -9,6 +9,7 @@ from the absolute values (see `rounding_bound`).
 
 import torch
 
+from sglang_dsv41.kernels.args import PagedIndexK
 from sglang_dsv41.kernels.indexer.ref import paged_scores
 from sglang_dsv41.kv.records import Layout, fake_quant
 
@@ -69,8 +70,21 @@ def random_case(
     )
 
 
+def paged_view(c, index_k=None) -> PagedIndexK:
+    """The case's index-K pool (or `index_k` [S, R] records in its place) as a PagedIndexK."""
+    return PagedIndexK(
+        index_k=c["index_k"] if index_k is None else index_k,
+        page_table=c["page_table"],
+        req_ids=c["req_ids"],
+        n_visible=c["n_visible"],
+        page_size=c["P"],
+        split_pages=False,
+    )
+
+
 def case_args(c):
-    return (c["qI"], c["w"], c["index_k"], c["page_table"], c["req_ids"], c["n_visible"], c["P"])
+    """(qI, w, PagedIndexK): the leading arguments of every indexer entry point."""
+    return (c["qI"], c["w"], paged_view(c))
 
 
 def rounding_bound(c, DI=128, HI=32):
@@ -78,15 +92,7 @@ def rounding_bound(c, DI=128, HI=32):
     of any score of query t in either the reference or the kernel."""
     rec = c["index_k"].clone()
     rec[:, : DI // 2] &= 0x77  # clear both sign bits of every byte: |k|
-    a = paged_scores(
-        c["qI"].float().abs(),
-        c["w"].abs(),
-        rec,
-        c["page_table"],
-        c["req_ids"],
-        c["n_visible"],
-        c["P"],
-    )
+    a = paged_scores(c["qI"].float().abs(), c["w"].abs(), paged_view(c, rec))
     amax = torch.where(a > NEG_INF, a, torch.zeros_like(a)).amax(1)
     return 2 * (DI + HI) * 2.0**-24 * amax + 1e-30
 

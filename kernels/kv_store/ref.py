@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sglang_dsv41.kv.records import Layout, pack, record_bytes
+from sglang_dsv41.kv.records import Layout, pack, record_bytes, value_bytes
+from sglang_dsv41.kv.split_pages import write_split_records
 from sglang_dsv41.layers.norm import rms_norm
 
 
@@ -56,14 +57,20 @@ def store_records_ref(
     eps: float = 1e-6,
     cos: Tensor | None = None,
     sin: Tensor | None = None,
+    split_page: int = 1,
 ) -> None:
     """Write pack(layout, record_values(x, ...)) rows into pool slots, in place.
 
-    x [T, D]; pool uint8 [..., B] whose leading dims flatten to slots; slots [T] int, -1 = skip;
-    cos/sin fp32 [T, R/2] per row (already gathered by position) or None for no RoPE.
+    x [T, D]; pool uint8 [..., B] whose leading dims flatten to slots, or split pages
+    [num_pages, split_page * B] (kv/split_pages.py); slots [T] int, -1 = skip; cos/sin fp32
+    [T, R/2] per row (already gathered by position) or None for no RoPE.
     """
-    B = record_bytes(layout, x.shape[-1])
-    flat = pool.view(-1, B)
+    D = x.shape[-1]
+    B = record_bytes(layout, D)
     rec = pack(layout, record_values(x, norm_weight, eps, cos, sin))  # [T, B]
+    if split_page > 1:
+        write_split_records(pool, slots, rec, split_page, value_bytes(layout, D))
+        return
+    flat = pool.view(-1, B)
     keep = slots >= 0
     flat[slots[keep].long()] = rec[keep]

@@ -19,8 +19,8 @@ select_topk within one forward):
     ("topk", layer)       int64 [T_batch, TOPK] entry ids, -1 padded (as serving_attention)
     ("kp_pool", layer)    int32 [T_batch, NB] candidate block ids of the candidate source
     ("kp_table", src)     int32 [B_batch, n_max] entry table of kv source src
-The indexer's Triton path needs DI % 128 == 0, HI >= 16 (a power of two) and candidate blocks
-of 8; other geometries (the tiny / small presets) run its torch reference on the device.
+The indexer's dispatcher picks its path per call (kernels/dispatch.py): geometries its fast
+paths do not take (the tiny / small presets) run the torch reference on the device, logged once.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 
 from sglang_dsv41.config import FULL
 from sglang_dsv41.kernels import indexer as kidx
-from sglang_dsv41.kernels.indexer import ref as kidx_ref
+from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK, SparseKV
 from sglang_dsv41.kernels.kv_store import store_index_k, store_latent, store_records
 from sglang_dsv41.kernels.sparse_attn import entry_slots, sparse_attention, swa_window_slots
 from sglang_dsv41.kv.records import Layout
@@ -181,11 +181,6 @@ def entry_table(cfg, src: int, ctx: BatchContext, device) -> torch.Tensor:
     return ctx.shared[key]
 
 
-def _indexer_fast(cfg) -> bool:
-    HI, DI = cfg.index_n_heads, cfg.index_head_dim
-    return DI % 128 == 0 and HI >= 16 and HI & (HI - 1) == 0 and cfg.candidate_block_size == 8
-
-
 def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.Tensor:
     """Index source (Full / Reindex): top-k int64 [T, TOPK] entry ids (-1 padded, order
     unspecified) of these rows; the candidate source also leaves its pool in ctx.shared."""
@@ -193,32 +188,25 @@ def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.T
     src = cfg.source_layer_of(i)
     qI, w = attn.indexer.queries(q_lora, x, rows.pos, attn.inv_freq)
     dev = qI.device
-    table = entry_table(cfg, src, ctx, dev)
-    args = (
-        qI,
-        w,
-        pool.index_k[src],
-        table,
-        rows.req.to(torch.int32),
-        ((rows.pos + 1) // attn.ratio).to(torch.int32),
-        1,
+    kv = PagedIndexK(
+        index_k=pool.index_k[src],
+        page_table=entry_table(cfg, src, ctx, dev),
+        req_ids=rows.req.to(torch.int32),
+        n_visible=((rows.pos + 1) // attn.ratio).to(torch.int32),
+        page_size=1,
+        split_pages=False,
     )
-    K, NB, blk = cfg.index_topk, cfg.candidate_topk_blocks, cfg.candidate_block_size
-    fast = _indexer_fast(cfg)
+    geo = IndexerGeometry.of(cfg)
     if cfg.uses_candidates(i):
         cand = ctx.shared[("kp_pool", cfg.candidate_source_layer_id)][rows.ids]
-        out = kidx.reindex(*args, cand, K) if fast else kidx_ref.reindex_ref(*args, cand, K, blk)
+        out = kidx.reindex(qI, w, kv, cand, geo)
     elif i == cfg.candidate_source_layer_id:
-        out, cand = (
-            kidx.candidate_source(*args, K, NB)
-            if fast
-            else kidx_ref.candidate_source_ref(*args, K, NB, blk)
-        )
-        full = torch.full((ctx.rows.n, NB), -1, dtype=torch.int32, device=dev)
+        out, cand = kidx.candidate_source(qI, w, kv, geo)
+        full = torch.full((ctx.rows.n, geo.pool_blocks), -1, dtype=torch.int32, device=dev)
         full[rows.ids] = cand.to(torch.int32)
         ctx.shared[("kp_pool", i)] = full
     else:
-        out = kidx.full_topk(*args, K) if fast else kidx_ref.full_topk_ref(*args, K)
+        out = kidx.full_topk(qI, w, kv, geo)
     return out.long()
 
 
@@ -235,11 +223,7 @@ def attend(attn, q, topk, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Ten
         topk_slots = entry_slots(entry_table(cfg, src, ctx, q.device), rows.req, topk)
     return sparse_attention(
         q,
-        swa[0],
-        swa[1],
-        kv,
-        topk_slots,
-        layout,
+        SparseKV(swa[0], swa[1], kv, topk_slots, layout),
         attn.attn_sink,
         attn.scale,
         out_dtype=torch.float32,

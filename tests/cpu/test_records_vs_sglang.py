@@ -119,6 +119,22 @@ def test_floors_are_sglangs():
     assert torch.signbit(unpack(Layout.V41_FP4, pack(Layout.V41_FP4, x))).all()
 
 
+def test_split_page_store_equals_sglang_page_writer():
+    """The torch store into split pages of 64 slots: SGLang's index-K page oracle's bytes."""
+    common = pytest.importorskip("sglang.test.kernels.deepseek_v4.common")
+    from sglang_dsv41.kernels.kv_store.ref import store_records_ref
+
+    xi = edge_rows(n_random=8).view(-1, DI)
+    rec = pack(Layout.INDEX_K, xi)
+    loc = torch.randperm(3 * 64, generator=torch.Generator().manual_seed(2))[: xi.shape[0]]
+    want = common.store_fp4_index_cache_ref(
+        rec[:, :64], rec[:, 64:].contiguous().view(torch.int32).view(-1), loc, num_pages=3
+    )
+    pages = torch.zeros(3, 64 * 68, dtype=torch.uint8)
+    store_records_ref(xi, pages, loc, Layout.INDEX_K, split_page=64)
+    assert mismatches(pages, want) == []
+
+
 # ---------------------------------------------------------------- interpreted (subprocess)
 
 
@@ -144,6 +160,15 @@ def interpreted_checks() -> None:
             got = nan_sign_free(got)
         assert mismatches(got, want) == [], f"Triton store {layout.name}"
         assert (pool[:3] == 0xA5).all()
+    # index K into split pages of 64 slots: SGLang's page writer (its torch test oracle)
+    common = pytest.importorskip("sglang.test.kernels.deepseek_v4.common")
+    recs = sglang_index_k(xi)
+    loc = torch.randperm(3 * 64, generator=torch.Generator().manual_seed(1))[: xi.shape[0]]
+    fp4, sf = recs[:, :64], recs[:, 64:].contiguous().view(torch.int32).view(-1)
+    want = common.store_fp4_index_cache_ref(fp4, sf, loc, num_pages=3)  # [3, 64 * 68]
+    pages = torch.zeros(3, 64 * 68, dtype=torch.uint8)
+    tri.store_records(xi, pages, loc, tri.FMT_INDEX_K, page=64)
+    assert mismatches(pages, want) == [], "Triton store INDEX_K, split pages"
     print("INTERPRETED_OK")
 
 

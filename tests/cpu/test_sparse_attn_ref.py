@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 
+from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kernels.sparse_attn import (
     entry_slots,
     sparse_attention,
@@ -59,7 +60,8 @@ def test_reference_vs_brute_force(layout, with_sink):
     q, swa, sw, kv, tk = _case(layout=layout)
     sink = torch.randn(q.shape[1]) if with_sink else None
     scale = q.shape[-1] ** -0.5
-    ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, scale, torch.float64, chunk=3)
+    bundle = SparseKV(swa, sw, kv, tk, layout)
+    ref = sparse_attention_ref(q, bundle, sink, scale, torch.float64, chunk=3)
     torch.testing.assert_close(
         ref, _brute(q, swa, sw, kv, tk, layout, sink, scale), rtol=1e-5, atol=1e-6
     )
@@ -68,18 +70,32 @@ def test_reference_vs_brute_force(layout, with_sink):
 
 def test_sink_lowers_the_mass():
     q, swa, sw, kv, tk = _case()
-    o0 = sparse_attention_ref(q, swa, sw, kv, tk, Layout.V41_FP4, None, None, torch.float32)
-    big = sparse_attention_ref(
-        q, swa, sw, kv, tk, Layout.V41_FP4, torch.full((3,), 60.0), None, torch.float32
-    )
+    bundle = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+    o0 = sparse_attention_ref(q, bundle, None, None, torch.float32)
+    big = sparse_attention_ref(q, bundle, torch.full((3,), 60.0), None, torch.float32)
     assert o0[0].abs().sum() > 0 and big.abs().max() < 1e-12
 
 
 def test_swa_only_and_dispatch_on_cpu():
     q, swa, sw, kv, tk = _case()
-    a = sparse_attention(q, swa, sw, None, None, out_dtype=torch.float32)
-    b = sparse_attention_ref(q, swa, sw, None, None, out_dtype=torch.float32)
+    bundle = SparseKV(swa, sw, None, None, Layout.V41_FP4)
+    a = sparse_attention(q, bundle, None, out_dtype=torch.float32)
+    b = sparse_attention_ref(q, bundle, None, out_dtype=torch.float32)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_reference_is_the_oracle_formula():
+    """The reference gathers records and calls layers.sparse_attention: same values, bit for
+    bit, as the oracle's formula on the dequantized keys."""
+    from sglang_dsv41.layers.sparse_attention import sparse_attention as formula
+
+    q, swa, sw, kv, tk = _case(H=2)
+    sink = torch.randn(2)
+    got = sparse_attention_ref(q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), sink, None)
+    k_swa = unpack(Layout.V41, swa[sw.clamp_min(0).long()])
+    k_top = unpack(Layout.V41_FP4, kv[tk.clamp_min(0).long()])
+    want = formula(q, k_swa, sw >= 0, k_top, tk >= 0, sink, q.shape[-1] ** -0.5)
+    assert torch.equal(got, want)
 
 
 def test_swa_window_slots_vs_brute_force():
@@ -108,6 +124,7 @@ def test_entry_slots():
 _INTERP = textwrap.dedent("""
     import torch
     from sglang_dsv41.kernels.sparse_attn import triton as tri
+    from sglang_dsv41.kernels.args import SparseKV
     from sglang_dsv41.kernels.sparse_attn.ref import sparse_attention_ref
     from sglang_dsv41.kv.records import Layout, pack
     torch.manual_seed(0)
@@ -124,7 +141,8 @@ _INTERP = textwrap.dedent("""
             tk[1, 5:] = -1
             tk[2] = -1
             sink = torch.randn(H) if ns == 1 else None
-            ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32)
+            bundle = SparseKV(swa, sw, kv, tk, layout)
+            ref = sparse_attention_ref(q, bundle, sink, None, torch.float32)
             out = torch.full((T, H, D), float("nan"))
             tri.sparse_attention(q, swa, sw, kv, tk, layout is Layout.V41_FP4, sink, D ** -0.5,
                                  out, num_splits=ns, block_n=16)

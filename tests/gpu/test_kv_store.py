@@ -4,7 +4,7 @@ reference."""
 import pytest
 import torch
 
-from sglang_dsv41.kernels.dispatch import device_capability, use_triton
+from sglang_dsv41.kernels.dispatch import Path, device_capability, device_paths
 from sglang_dsv41.kernels.kv_store import rope_cos_sin, store_records
 from sglang_dsv41.kernels.kv_store.ref import store_records_ref
 from sglang_dsv41.kv.records import Layout, record_bytes
@@ -40,7 +40,7 @@ def _rows(T, D, dtype, nan):
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("rope", ["none", "inv_freq", "table"])
 def test_store_bytes_equal_codec(layout, D, R, dtype, norm, rope):
-    assert use_triton(DEV)
+    assert Path.TRITON in device_paths(DEV)
     T, P, pages = 333, 64, 8
     x = _rows(T, D, dtype, nan=dtype == torch.float32)
     w = torch.rand(D, device=DEV) + 0.5 if norm else None

@@ -8,6 +8,7 @@ the referenced slots are written by the store kernel, so a read of an unwritten 
 import pytest
 import torch
 
+from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kernels.dispatch import device_capability
 from sglang_dsv41.kernels.kv_store import store_records
 from sglang_dsv41.kernels.sparse_attn import (
@@ -59,11 +60,10 @@ def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0):
 
 
 def _check(q, swa, sw, kv, tk, layout, sink, **launch):
-    ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32)
-    bf = sparse_attention_ref(
-        q, swa, sw, kv, tk, layout, sink, None, torch.float32, compute_dtype=torch.bfloat16
-    )
-    out = sparse_attention(q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, **launch)
+    b = SparseKV(swa, sw, kv, tk, layout)
+    ref = sparse_attention_ref(q, b, sink, None, torch.float32)
+    bf = sparse_attention_ref(q, b, sink, None, torch.float32, compute_dtype=torch.bfloat16)
+    out = sparse_attention(q, b, sink, out_dtype=torch.float32, **launch)
     assert torch.isfinite(out).all()
     err = ((out - ref).norm() / ref.norm()).item()
     err_bf = ((bf - ref).norm() / ref.norm()).item()
@@ -105,29 +105,32 @@ def test_splits_and_tiles_agree(layout, block_h, block_n, num_warps, num_splits)
 
 def test_small_head_dim_no_sink_bf16_out():
     q, swa, sw, kv, tk, _ = make_case(9, 8, 64, 16, 32, Layout.V41_FP4)
-    ref = sparse_attention_ref(q, swa, sw, kv, tk, Layout.V41_FP4, None, None, torch.float32)
-    out = sparse_attention(q, swa, sw, kv, tk, Layout.V41_FP4, None)
+    b = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+    ref = sparse_attention_ref(q, b, None, None, torch.float32)
+    out = sparse_attention(q, b, None)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
 def test_swa_only_layer():
     q, swa, sw, kv, tk, sink = make_case(6, 64, 512, 128, 16, Layout.V41_FP4)
-    ref = sparse_attention_ref(q, swa, sw, None, None, Layout.V41_FP4, sink, None, torch.float32)
-    out = sparse_attention(q, swa, sw, None, None, attn_sink=sink, out_dtype=torch.float32)
+    b = SparseKV(swa, sw, None, None, Layout.V41_FP4)
+    ref = sparse_attention_ref(q, b, sink, None, torch.float32)
+    out = sparse_attention(q, b, sink, out_dtype=torch.float32)
     assert ((out - ref).norm() / ref.norm()).item() < 1e-2
 
 
 def test_decode_graph_capture():
     q, swa, sw, kv, tk, sink = make_case(8, 64, 512, 128, 512, Layout.V41_FP4)
     out = torch.empty(8, 64, 512, dtype=torch.bfloat16, device=DEV)
-    sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out)  # compile
+    b = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+    sparse_attention(q, b, sink, out=out)  # compile
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out)
+        sparse_attention(q, b, sink, out=out)
     q.copy_(torch.randn_like(q))
     g.replay()
-    want = sparse_attention(q, swa, sw, kv, tk, attn_sink=sink)
+    want = sparse_attention(q, b, sink)
     assert torch.equal(out, want)
 
 
@@ -142,10 +145,9 @@ def test_exact_path_fp32_q(layout, H, D, T):
     """
     q, swa, sw, kv, tk, sink = make_case(T, H, D, 16 if D < 512 else 128, 64, layout, floor_every=3)
     q = torch.randn(T, H, D, device=DEV)
-    ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32)
+    b = SparseKV(swa, sw, kv, tk, layout)
+    ref = sparse_attention_ref(q, b, sink, None, torch.float32)
     for splits in (1, 3):
-        out = sparse_attention(
-            q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, num_splits=splits
-        )
+        out = sparse_attention(q, b, sink, out_dtype=torch.float32, num_splits=splits)
         err = ((out - ref).norm() / ref.norm()).item()
         assert err < 2e-6, (splits, err)
