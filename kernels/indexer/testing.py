@@ -82,6 +82,19 @@ def paged_view(c, index_k=None) -> PagedIndexK:
     )
 
 
+def split_view(c) -> PagedIndexK:
+    """The case's pool rearranged into split pages of c["P"] slots (kv/split_pages.py), the
+    layout of the SM100 path; the same records at the same slots."""
+    from sglang_dsv41.kv.records import record_dim, value_bytes
+    from sglang_dsv41.kv.split_pages import write_split_records
+
+    rec, P = c["index_k"], c["P"]
+    V = value_bytes(Layout.INDEX_K, record_dim(Layout.INDEX_K, rec.shape[1]))
+    pages = torch.zeros(rec.shape[0] // P, P * rec.shape[1], dtype=torch.uint8, device=rec.device)
+    write_split_records(pages, torch.arange(rec.shape[0], device=rec.device), rec, P, V)
+    return PagedIndexK(pages, c["page_table"], c["req_ids"], c["n_visible"], P, split_pages=True)
+
+
 def case_args(c):
     """(qI, w, PagedIndexK): the leading arguments of every indexer entry point."""
     return (c["qI"], c["w"], paged_view(c))

@@ -472,3 +472,19 @@ def test_standins_reject_perturbed_arguments(libs):
             tile_scheduler_metadata=standin.SchedMeta(),
             indices=(akv.swa_slots + 1000).view(3, 1, -1),
         )
+
+
+def test_b200_check_logic_against_the_standins(libs, monkeypatch):
+    """kernels/sm100_check.py's indexer and attention checks, at small sizes, on the stand-ins:
+    its own logic is sound (the script itself only means something on a B200)."""
+    from sglang_dsv41.kernels import sm100_check
+
+    monkeypatch.setattr(sm100_check, "SIZES", {"decode": (3, 2, 300), "prefill": (2, 1, 400)})
+    notes = []
+    with torch.no_grad():
+        sm100_check._indexer_checks(torch.device("cpu"), notes)
+        sm100_check._attention_checks(torch.device("cpu"), notes)
+    assert len(notes) == 6, notes
+    names = {c.name for c in libs.dg + libs.mla}
+    assert {"fp8_fp4_paged_mqa_logits", "fp8_fp4_mqa_logits", "flash_mla_sparse_fwd"} <= names
+    assert {"fp8_fp4_paged_sparse_mqa_logits", "flash_mla_with_kvcache"} <= names
