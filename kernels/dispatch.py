@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -107,6 +108,18 @@ def device_paths(device: torch.device) -> tuple[Path, ...]:
         elif device.type == "cpu" and _interpreting() and forced_path() is Path.TRITON:
             paths.append(Path.TRITON)  # the interpreter, only when asked for
     return tuple(paths)
+
+
+def older_than(version: str, minimum: tuple[int, ...]) -> bool:
+    """True when a version string's leading numbers ("0.2.3.post2" -> (0, 2, 3)) are below
+    `minimum`; an unreadable version is not judged older."""
+    nums = []
+    for part in str(version).split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        nums.append(int(digits))
+    return bool(nums) and tuple(nums[: len(minimum)]) < minimum
 
 
 @functools.cache

@@ -32,7 +32,7 @@ import functools
 import torch
 
 from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK
-from sglang_dsv41.kernels.dispatch import SM100_INDEX_PAGE
+from sglang_dsv41.kernels.dispatch import SM100_INDEX_PAGE, older_than
 from sglang_dsv41.kv.records import pack_index_k
 from sglang_dsv41.layers.index_math import candidate_blocks, topk_indices
 
@@ -60,10 +60,12 @@ def missing() -> str | None:
         import deep_gemm
     except Exception as e:  # ImportError, or a CUDA / JIT setup error raised at import
         return f"deep_gemm is not importable ({type(e).__name__}: {e})"
+    version = getattr(deep_gemm, "__version__", "?")
     absent = [name for name in API if not callable(getattr(deep_gemm, name, None))]
     if absent:
-        version = getattr(deep_gemm, "__version__", "?")
         return f"deep_gemm {version} lacks {', '.join(absent)} (needs sgl-deep-gemm >= 0.2.3)"
+    if older_than(version, (0, 2, 3)):  # 128-slot pages in the paged logits came with 0.2.3
+        return f"deep_gemm {version} is older than 0.2.3"
     return None
 
 

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from sglang_dsv41.kernels.args import SparseKV
+from sglang_dsv41.kernels.dispatch import older_than
 from sglang_dsv41.kv.records import Layout, record_bytes, unpack
 
 HEADS = (64, 128)
@@ -46,10 +47,12 @@ def missing() -> str | None:
         import flash_mla
     except Exception as e:  # ImportError, or a CUDA library error raised at import
         return f"flash_mla is not importable ({type(e).__name__}: {e})"
+    version = getattr(flash_mla, "__version__", "?")
     absent = [name for name in API if not callable(getattr(flash_mla, name, None))]
     if absent:
-        version = getattr(flash_mla, "__version__", "?")
         return f"flash_mla {version} lacks {', '.join(absent)} (needs sgl-flash-mla >= 1.0)"
+    if older_than(version, (1, 0)):  # the V4.1 record formats
+        return f"flash_mla {version} is older than 1.0"
     return None
 
 

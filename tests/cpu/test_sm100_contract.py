@@ -375,10 +375,14 @@ def test_missing_or_old_library_falls_back_to_triton_once(monkeypatch, caplog):
         split.index_k.view(-1, 68), split.page_table, split.req_ids, split.n_visible, P, False
     )
     geo = IndexerGeometry(topk=8, pool_blocks=8, block=8)
-    for mod, why in (
+    old = standin.deep_gemm([])
+    old.__version__ = "0.2.1"
+    cases = (
         (None, "deep_gemm is not importable"),
         (types.ModuleType("deep_gemm"), "lacks"),
-    ):
+        (old, "deep_gemm 0.2.1 is older than 0.2.3"),
+    )
+    for mod, why in cases:
         monkeypatch.setitem(sys_modules, "deep_gemm", mod)
         sm100.missing.cache_clear()
         dispatch.log_once.cache_clear()
