@@ -13,6 +13,7 @@ from torch import Tensor
 from sglang_dsv41.kv.records import Layout, pack, record_bytes, value_bytes
 from sglang_dsv41.kv.split_pages import write_split_records
 from sglang_dsv41.layers.norm import rms_norm
+from sglang_dsv41.layers.rope import rotate_pairs
 
 
 def rope_cos_sin(pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
@@ -20,16 +21,6 @@ def rope_cos_sin(pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
     them."""
     ang = pos.to(torch.float32)[:, None] * inv_freq.to(device=pos.device, dtype=torch.float32)[None]
     return torch.cos(ang), torch.sin(ang)
-
-
-def rotate_tail(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [T, D] float, cos/sin fp32 [T, R/2] -> [T, D] in x's dtype, last R dims rotated in
-    pairs."""
-    R = 2 * cos.shape[-1]
-    head, tail = x[..., :-R], x[..., -R:].float()
-    a, b = tail[..., 0::2], tail[..., 1::2]
-    rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)  # [T, R]
-    return torch.cat((head, rot.to(x.dtype)), dim=-1)
 
 
 def record_values(
@@ -44,7 +35,7 @@ def record_values(
     if norm_weight is not None:
         y = rms_norm(y, norm_weight, eps)
     if cos is not None:
-        y = rotate_tail(y, cos, sin)
+        y = rotate_pairs(y, cos, sin)  # the layers' RoPE with per-row cos / sin [T, R/2]
     return y.to(torch.float32)
 
 

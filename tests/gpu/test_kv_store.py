@@ -92,3 +92,18 @@ def test_store_graph_capturable():
     want = torch.empty_like(pool)
     store_records(x, want, slots, Layout.V41, norm_weight=w, pos=pos, inv_freq=inv)
     assert torch.equal(pool, want)
+
+
+@pytest.mark.parametrize("P", [64, 128])
+def test_index_k_into_split_pages(P):
+    """Split pages (SGLang's index-K page, what DeepGEMM reads on SM100): the bytes of the torch
+    store, unwritten slots untouched."""
+    T, pages = 700, 8
+    x = _rows(T, 128, torch.float32, nan=True)
+    slots = torch.randperm(pages * P, device=DEV)[:T]
+    slots[::13] = -1
+    got = torch.full((pages, P * 68), POISON, dtype=torch.uint8, device=DEV)
+    want = got.clone()
+    store_records(x, got, slots, Layout.INDEX_K, split_page=P)
+    store_records_ref(x, want, slots, Layout.INDEX_K, split_page=P)
+    assert torch.equal(got, want)
