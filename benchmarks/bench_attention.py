@@ -29,6 +29,8 @@ import sys
 import time
 
 import torch
+
+from sglang_dsv41.kernels.args import SparseKV
 import triton
 import triton.language as tl
 
@@ -106,7 +108,7 @@ def ours_fn(kind: str, n: int, H: int, layout: Layout, launch: dict):
     q = torch.randn(n, H, D, device=DEV, dtype=torch.bfloat16)
     sink = torch.randn(H, device=DEV)
     out = torch.empty(n, H, D, device=DEV, dtype=torch.bfloat16)
-    return lambda: sparse_attention(q, swa, sw, kv, tk, layout, sink, out=out, **launch)
+    return lambda: sparse_attention(q, SparseKV(swa, sw, kv, tk, layout), sink, out=out, **launch)
 
 
 def fm_decode_fn(B: int):

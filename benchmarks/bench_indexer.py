@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.testing
 
+from sglang_dsv41.kernels.args import IndexerGeometry
 from sglang_dsv41.kernels.indexer import ops
 from sglang_dsv41.kernels.indexer import testing as tt
 from sglang_dsv41.kv.records import unpack_index_k
@@ -37,6 +38,7 @@ P = 64
 REC = 68
 TOPK = 512
 POOL_BLOCKS = 2048
+GEO = IndexerGeometry(TOPK, POOL_BLOCKS, 8)
 SHAPES = {  # launch shapes swept with --sweep: (entries per tile, tiles per program, warps)
     "scan": ((128, 8, 4), (128, 8, 8), (256, 4, 8)),
     "pool": ((128, 1, 8), (128, 1, 4), (64, 1, 4), (128, 4, 4)),
@@ -102,6 +104,12 @@ def plain_torch_reindex(qI, w, index_k, page_table, req_ids, n_visible, P, pool,
     scores = plain_torch_scores(qI, w, index_k, page_table, req_ids, n_visible, P)
     allowed = pool_mask(pool.long(), scores.shape[1], 8)
     return scores.masked_fill(~allowed, float("-inf")).topk(topk).indices
+
+
+def flat(a):
+    """(qI, w, PagedIndexK) -> the plain tensors the torch baselines take."""
+    qI, w, kv = a
+    return qI, w, kv.index_k, kv.page_table, kv.req_ids, kv.n_visible, kv.page_size
 
 
 def bf16_keys(index_k):
@@ -198,13 +206,11 @@ def main():
             "N": n_big,
             "floor_us": T * n_big * REC / bw * 1e6,  # bytes read once, at the copy byte rate
             "scan_us": graph_us(lambda: ops.block_scores(*a, force_newest=True)),
-            "full_topk_us": graph_us(lambda: ops.full_topk(*a, topk=TOPK)),
-            "candidate_source_us": graph_us(
-                lambda: ops.candidate_source(*a, topk=TOPK, pool_blocks=POOL_BLOCKS)
-            ),
-            "torch_full_topk_us": events_us(lambda: plain_torch_full_topk(*a)),
+            "full_topk_us": graph_us(lambda: ops.full_topk(*a, GEO)),
+            "candidate_source_us": graph_us(lambda: ops.candidate_source(*a, GEO)),
+            "torch_full_topk_us": events_us(lambda: plain_torch_full_topk(*flat(a))),
         }
-        a = (*a[:2], bf16_keys(a[2]), *a[3:])
+        a = (*flat(a)[:2], bf16_keys(flat(a)[2]), *flat(a)[3:])
         row["torch_bf16_cache_full_topk_us"] = events_us(lambda: plain_torch_full_topk(*a))
         row["scan_TBps"] = T * n_big * REC / (row["scan_us"] * 1e-6) / 1e12
         res["full"].append(row)
@@ -231,9 +237,7 @@ def main():
         "floor_bytes_us": n_big * REC / bw * 1e6,
         "scan_us": t,
         "TFLOPs": flop / (t * 1e-6) / 1e12,
-        "candidate_source_us": graph_us(
-            lambda: ops.candidate_source(*a, topk=TOPK, pool_blocks=POOL_BLOCKS, group=8)
-        ),
+        "candidate_source_us": graph_us(lambda: ops.candidate_source(*a, GEO, group=8)),
     }
     print("prefill", res["prefill"], flush=True)
     c = a = base = None
@@ -247,12 +251,12 @@ def main():
             row = {
                 "T": T,
                 "N": n,
-                "pooled_us": graph_us(lambda: ops.reindex(*a, pool, topk=TOPK)),
+                "pooled_us": graph_us(lambda: ops.reindex(*a, pool, GEO)),
                 "pool_scores_us": graph_us(lambda: ops.pool_scores(*a, pool)),
             }
             if not (args.quick and n > (1 << 16)):
-                row["torch_us"] = events_us(lambda: plain_torch_reindex(*a, pool))
-                a = (*a[:2], bf16_keys(a[2]), *a[3:])
+                row["torch_us"] = events_us(lambda: plain_torch_reindex(*flat(a), pool))
+                a = (*flat(a)[:2], bf16_keys(flat(a)[2]), *flat(a)[3:])
                 row["torch_bf16_cache_us"] = events_us(lambda: plain_torch_reindex(*a, pool))
             res["reindex"].append(row)
             print("reindex", row, flush=True)

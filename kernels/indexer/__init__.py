@@ -1,53 +1,89 @@
 """Paged lightning indexer: Full-layer top-k, candidate source, pooled Reindex.
 
-Interface and semantics: kernels/indexer/ref.py. On SM90+ with Triton the fast path
-(kernels/indexer/ops.py) never builds a [T, N] logits tensor and its Reindex work is independent
-of N; elsewhere, or with DSV41_FORCE_REF=1, the torch references (mask-and-topk) run.
+Interface and semantics: kernels/indexer/ref.py. Arguments are bundles (kernels/args.py):
+`PagedIndexK` (pool, page table, req_ids, n_visible, page size) and `IndexerGeometry` (topk,
+pool_blocks, block), built from the config by the caller; nothing here assumes Flash's sizes.
+
+Paths (kernels/dispatch.py): on SM100 / SM103 DeepGEMM's paged FP4 logits (sm100.py); on SM90+
+Triton (ops.py: no [T, N] logits tensor, Reindex work independent of N); elsewhere, with
+DSV41_FORCE_REF=1, or for a configuration no fast path supports (logged once), the torch
+references (mask-and-topk).
 """
 
-from sglang_dsv41.kernels.dispatch import use_triton
+from sglang_dsv41.kernels import dispatch
+from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK
+from sglang_dsv41.kernels.dispatch import Path
 from sglang_dsv41.kernels.indexer import ref
 
 
-def _fast(qI):
-    if use_triton(qI.device):
-        from sglang_dsv41.kernels.indexer import ops
-
-        return ops
+def triton_unsupported(qI, kv: PagedIndexK, geo: IndexerGeometry) -> str | None:
+    """None when the Triton kernels (ops.py) take this call, else the reason."""
+    HI, DI = qI.shape[1], qI.shape[2]
+    if DI % 128:
+        return f"index head dim {DI} is not a multiple of 128"
+    if HI < 16 or HI & (HI - 1):
+        return f"{HI} index heads (needs a power of two >= 16)"
+    if geo.block != 8:
+        return f"candidate blocks of {geo.block} entries (needs 8)"
+    if kv.split_pages and kv.page_size > 1:
+        return f"index K in split pages of {kv.page_size} slots (reads one record per slot)"
     return None
 
 
-def full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, group=1):
-    """Full layer -> int32 [T, topk] entry ids, -1 padded (order unspecified on the fast path).
+def _path(op: str, qI, kv: PagedIndexK, geo: IndexerGeometry) -> Path:
+    def sm100_check():
+        from sglang_dsv41.kernels.indexer import sm100
 
-    group: prefill hint for the fast path, every aligned run of `group` tokens is one request
-    (ops.groupable); 8 is fastest on the H200. The reference ignores it.
+        return sm100.unsupported(op, qI, kv, geo)
+
+    fast = {Path.SM100: sm100_check, Path.TRITON: lambda: triton_unsupported(qI, kv, geo)}
+    return dispatch.select(f"indexer.{op}", qI.device, fast)
+
+
+def full_topk(qI, w, kv: PagedIndexK, geo: IndexerGeometry, group=1):
+    """Full layer -> int32 [T, topk] entry ids, -1 padded (order unspecified on fast paths).
+
+    group: prefill hint for the Triton path, every aligned run of `group` tokens is one request
+    (ops.groupable); 8 is fastest on the H200. The other paths ignore it.
     """
-    ops = _fast(qI)
-    if ops:
-        return ops.full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk, group)
-    return ref.full_topk_ref(qI, w, index_k, page_table, req_ids, n_visible, P, topk)
+    path = _path("full_topk", qI, kv, geo)
+    if path is Path.SM100:
+        from sglang_dsv41.kernels.indexer import sm100
+
+        return sm100.full_topk(qI, w, kv, geo)
+    if path is Path.TRITON:
+        from sglang_dsv41.kernels.indexer import ops
+
+        return ops.full_topk(qI, w, kv, geo, group)
+    return ref.full_topk_ref(qI, w, kv, geo)
 
 
-def candidate_source(
-    qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, pool_blocks=2048, group=1
-):
+def candidate_source(qI, w, kv: PagedIndexK, geo: IndexerGeometry, group=1):
     """Candidate source -> (own top-k int32 [T, topk], pool block ids int32 [T, pool_blocks])."""
-    ops = _fast(qI)
-    if ops:
-        return ops.candidate_source(
-            qI, w, index_k, page_table, req_ids, n_visible, P, topk, pool_blocks, group
-        )
-    return ref.candidate_source_ref(
-        qI, w, index_k, page_table, req_ids, n_visible, P, topk, pool_blocks
-    )
+    path = _path("candidate_source", qI, kv, geo)
+    if path is Path.SM100:
+        from sglang_dsv41.kernels.indexer import sm100
+
+        return sm100.candidate_source(qI, w, kv, geo)
+    if path is Path.TRITON:
+        from sglang_dsv41.kernels.indexer import ops
+
+        return ops.candidate_source(qI, w, kv, geo, group)
+    return ref.candidate_source_ref(qI, w, kv, geo)
 
 
-def reindex(qI, w, index_k, page_table, req_ids, n_visible, P, pool, topk=512):
-    """Reindex inside pool int32 [T, NB] -> int32 [T, topk] entry ids, -1 padded."""
-    ops = _fast(qI)
-    impl = ops.reindex if ops else ref.reindex_ref
-    return impl(qI, w, index_k, page_table, req_ids, n_visible, P, pool, topk)
+def reindex(qI, w, kv: PagedIndexK, pool, geo: IndexerGeometry):
+    """Reindex inside pool int32 [T, NB] block ids -> int32 [T, topk] entry ids, -1 padded."""
+    path = _path("reindex", qI, kv, geo)
+    if path is Path.SM100:
+        from sglang_dsv41.kernels.indexer import sm100
+
+        return sm100.reindex(qI, w, kv, pool, geo)
+    if path is Path.TRITON:
+        from sglang_dsv41.kernels.indexer import ops
+
+        return ops.reindex(qI, w, kv, pool, geo)
+    return ref.reindex_ref(qI, w, kv, pool, geo)
 
 
-__all__ = ["candidate_source", "full_topk", "reindex"]
+__all__ = ["IndexerGeometry", "PagedIndexK", "candidate_source", "full_topk", "reindex"]

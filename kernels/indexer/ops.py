@@ -1,5 +1,9 @@
 """Launchers and selection for the Triton indexer (interface in kernels/indexer/ref.py).
 
+Limits (checked by the dispatcher, kernels/indexer/__init__.py `triton_unsupported`): DI a
+multiple of 128, HI >= 16 a power of two, candidate blocks of BLOCK = 8, index K as one record
+per slot (split pages only with a page size of 1).
+
 Full layer, without a [T, N] logits tensor: the scan writes block maxima (blocks of 8), the
 top-TOPK blocks are chosen, and only their 8 * TOPK entries are rescored (an O(1) pass) for the
 final top-TOPK. Exact up to ties: let v be the TOPK-th score. Every entry above v lies in a block
@@ -15,6 +19,7 @@ import os
 import torch
 import triton
 
+from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK
 from sglang_dsv41.kernels.indexer.select import topk_rows
 from sglang_dsv41.kernels.indexer.triton import _pool_kernel, _scan_group_kernel, _scan_kernel
 
@@ -32,22 +37,24 @@ SELECT = "triton"
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _prep(qI, w, index_k, page_table, req_ids, n_visible):
+def _prep(qI, w, kv: PagedIndexK):
     T, HI, DI = qI.shape
+    index_k = kv.index_k.view(-1, kv.record_bytes)  # [S, R]: records (page size 1 if split)
     assert DI % 128 == 0 and HI >= 16 and (HI & (HI - 1)) == 0, (HI, DI)
-    assert index_k.dtype == torch.uint8 and index_k.shape[1] == DI // 2 + DI // 32
+    assert index_k.shape[1] == DI // 2 + DI // 32, (index_k.shape, DI)
+    assert not kv.split_pages or kv.page_size == 1, "the Triton indexer reads slot records"
     assert index_k.is_contiguous() and index_k.storage_offset() % 4 == 0
-    assert w.shape == (T, HI) and req_ids.shape == (T,) and n_visible.shape == (T,)
+    assert w.shape == (T, HI) and kv.req_ids.shape == (T,)
     q = qI.to(torch.bfloat16).contiguous()  # FP4 fake-quant values are exact in bf16
     w = w.to(torch.float32).contiguous()
-    pt = page_table.to(torch.int32).contiguous()
+    pt = kv.page_table.to(torch.int32).contiguous()
     return (
         q,
         w,
         index_k.view(torch.int32),
         pt,
-        req_ids.to(torch.int32).contiguous(),
-        n_visible.to(torch.int32).contiguous(),
+        kv.req_ids.to(torch.int32).contiguous(),
+        kv.n_visible.to(torch.int32).contiguous(),
     )
 
 
@@ -61,7 +68,7 @@ def groupable(req_ids_cpu: torch.Tensor, group: int) -> bool:
     return T == 0 or bool((r.view(-1, group) == r.view(-1, group)[:, :1]).all())
 
 
-def block_scores(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest=False, group=1):
+def block_scores(qI, w, kv: PagedIndexK, force_newest=False, group=1):
     """Block max of each query's score row: fp32 [T, ceil(max_pages * P / 8)].
 
     -inf for blocks past the visible ones; +inf for the newest visible block if force_newest.
@@ -69,10 +76,9 @@ def block_scores(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest
     guarantees every aligned run is one request (see `groupable`).
     """
     if group > 1:
-        return _block_scores_grouped(
-            qI, w, index_k, page_table, req_ids, n_visible, P, force_newest, group
-        )
-    q, w, rec, pt, req, nvis = _prep(qI, w, index_k, page_table, req_ids, n_visible)
+        return _block_scores_grouped(qI, w, kv, force_newest, group)
+    q, w, rec, pt, req, nvis = _prep(qI, w, kv)
+    P = kv.page_size
     T, HI, DI = qI.shape
     bn, tiles, num_warps = (TUNING["scan"][k] for k in ("bn", "tiles", "num_warps"))
     n_max = pt.shape[1] * P
@@ -110,8 +116,9 @@ def nibble_major(q: torch.Tensor) -> torch.Tensor:
     return q.view(T, HI, DI // 8, 8).permute(0, 3, 2, 1).contiguous()
 
 
-def _block_scores_grouped(qI, w, index_k, page_table, req_ids, n_visible, P, force_newest, group):
-    q, w, rec, pt, req, nvis = _prep(qI, w, index_k, page_table, req_ids, n_visible)
+def _block_scores_grouped(qI, w, kv: PagedIndexK, force_newest, group):
+    q, w, rec, pt, req, nvis = _prep(qI, w, kv)
+    P = kv.page_size
     T, HI, DI = qI.shape
     assert group & (group - 1) == 0, group
     bn, tiles, num_warps = (TUNING["scan_group"][k] for k in ("bn", "tiles", "num_warps"))
@@ -145,13 +152,14 @@ def _block_scores_grouped(qI, w, index_k, page_table, req_ids, n_visible, P, for
     return out
 
 
-def pool_scores(qI, w, index_k, page_table, req_ids, n_visible, P, blocks):
+def pool_scores(qI, w, kv: PagedIndexK, blocks):
     """Scores of the entries of blocks int32 [T, NB] (-1 = none): fp32 [T, NB * 8].
 
     Column 8 j + i is entry 8 * blocks[t, j] + i; -inf where the block is -1 or the entry is
     not visible. Work is proportional to NB, independent of N.
     """
-    q, w, rec, pt, req, nvis = _prep(qI, w, index_k, page_table, req_ids, n_visible)
+    q, w, rec, pt, req, nvis = _prep(qI, w, kv)
+    P = kv.page_size
     T, HI, DI = qI.shape
     bn, tiles, num_warps = (TUNING["pool"][k] for k in ("bn", "tiles", "num_warps"))
     blocks = blocks.to(torch.int32).contiguous()
@@ -212,32 +220,28 @@ def select_in_blocks(scores: torch.Tensor, blocks: torch.Tensor, topk: int) -> t
     return _pad(ids, topk)
 
 
-def full_topk(qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, group=1):
+def full_topk(qI, w, kv: PagedIndexK, geo: IndexerGeometry, group=1):
     """Full layer: int32 [T, topk] entry ids, -1 padded (see module docstring)."""
-    args = (qI, w, index_k, page_table, req_ids, n_visible, P)
-    blocks = select_blocks(block_scores(*args, group=group), topk)
-    return select_in_blocks(pool_scores(*args, blocks), blocks, topk)
+    blocks = select_blocks(block_scores(qI, w, kv, group=group), geo.topk)
+    return select_in_blocks(pool_scores(qI, w, kv, blocks), blocks, geo.topk)
 
 
-def candidate_source(
-    qI, w, index_k, page_table, req_ids, n_visible, P, topk=512, pool_blocks=2048, group=1
-):
+def candidate_source(qI, w, kv: PagedIndexK, geo: IndexerGeometry, group=1):
     """Candidate source: (own top-k int32 [T, topk], pool int32 [T, pool_blocks]), one scan."""
-    args = (qI, w, index_k, page_table, req_ids, n_visible, P)
+    topk, pool_blocks = geo.topk, geo.pool_blocks
     if pool_blocks > topk:
-        pool = select_blocks(block_scores(*args, force_newest=True, group=group), pool_blocks)
-        return select_in_blocks(pool_scores(*args, pool), pool, topk), pool
-    bscores = block_scores(*args, group=group)
+        pool = select_blocks(block_scores(qI, w, kv, force_newest=True, group=group), pool_blocks)
+        return select_in_blocks(pool_scores(qI, w, kv, pool), pool, topk), pool
+    bscores = block_scores(qI, w, kv, group=group)
     own = select_blocks(bscores, topk)
-    nv = n_visible.to(torch.int64)
+    nv = kv.n_visible.to(torch.int64)
     newest = ((nv - 1).clamp_min(0) // BLOCK)[:, None]
     forced = torch.where(nv[:, None] > 0, torch.full_like(newest, 1), torch.zeros_like(newest))
     bscores.scatter_(1, newest, torch.where(forced > 0, float("inf"), bscores.gather(1, newest)))
     pool = select_blocks(bscores, pool_blocks)
-    return select_in_blocks(pool_scores(*args, own), own, topk), pool
+    return select_in_blocks(pool_scores(qI, w, kv, own), own, topk), pool
 
 
-def reindex(qI, w, index_k, page_table, req_ids, n_visible, P, pool, topk=512):
+def reindex(qI, w, kv: PagedIndexK, pool, geo: IndexerGeometry):
     """Reindex: top-k int32 [T, topk] inside pool [T, NB] block ids; O(NB) per query."""
-    args = (qI, w, index_k, page_table, req_ids, n_visible, P)
-    return select_in_blocks(pool_scores(*args, pool), pool, topk)
+    return select_in_blocks(pool_scores(qI, w, kv, pool), pool, geo.topk)

@@ -9,6 +9,7 @@ from the absolute values (see `rounding_bound`).
 
 import torch
 
+from sglang_dsv41.kernels.args import PagedIndexK
 from sglang_dsv41.kernels.indexer.ref import paged_scores
 from sglang_dsv41.kv.records import Layout, fake_quant
 
@@ -69,8 +70,34 @@ def random_case(
     )
 
 
+def paged_view(c, index_k=None) -> PagedIndexK:
+    """The case's index-K pool (or `index_k` [S, R] records in its place) as a PagedIndexK."""
+    return PagedIndexK(
+        index_k=c["index_k"] if index_k is None else index_k,
+        page_table=c["page_table"],
+        req_ids=c["req_ids"],
+        n_visible=c["n_visible"],
+        page_size=c["P"],
+        split_pages=False,
+    )
+
+
+def split_view(c) -> PagedIndexK:
+    """The case's pool rearranged into split pages of c["P"] slots (kv/split_pages.py), the
+    layout of the SM100 path; the same records at the same slots."""
+    from sglang_dsv41.kv.records import record_dim, value_bytes
+    from sglang_dsv41.kv.split_pages import write_split_records
+
+    rec, P = c["index_k"], c["P"]
+    V = value_bytes(Layout.INDEX_K, record_dim(Layout.INDEX_K, rec.shape[1]))
+    pages = torch.zeros(rec.shape[0] // P, P * rec.shape[1], dtype=torch.uint8, device=rec.device)
+    write_split_records(pages, torch.arange(rec.shape[0], device=rec.device), rec, P, V)
+    return PagedIndexK(pages, c["page_table"], c["req_ids"], c["n_visible"], P, split_pages=True)
+
+
 def case_args(c):
-    return (c["qI"], c["w"], c["index_k"], c["page_table"], c["req_ids"], c["n_visible"], c["P"])
+    """(qI, w, PagedIndexK): the leading arguments of every indexer entry point."""
+    return (c["qI"], c["w"], paged_view(c))
 
 
 def rounding_bound(c, DI=128, HI=32):
@@ -78,15 +105,7 @@ def rounding_bound(c, DI=128, HI=32):
     of any score of query t in either the reference or the kernel."""
     rec = c["index_k"].clone()
     rec[:, : DI // 2] &= 0x77  # clear both sign bits of every byte: |k|
-    a = paged_scores(
-        c["qI"].float().abs(),
-        c["w"].abs(),
-        rec,
-        c["page_table"],
-        c["req_ids"],
-        c["n_visible"],
-        c["P"],
-    )
+    a = paged_scores(c["qI"].float().abs(), c["w"].abs(), paged_view(c, rec))
     amax = torch.where(a > NEG_INF, a, torch.zeros_like(a)).amax(1)
     return 2 * (DI + HI) * 2.0**-24 * amax + 1e-30
 

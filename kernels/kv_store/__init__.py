@@ -10,7 +10,10 @@ and `store_index_k` name the three uses of DESIGN.md section 3:
 | index K      | RMSNorm(k_norm), RoPE last R  | INDEX_K             | 68 B                    |
 
 Pools: uint8 [..., B] with contiguous slots (e.g. [num_pages, P, B]); slot s is row s of
-`pool.view(-1, B)`, i.e. page s // P, offset s % P. Slots -1 are skipped.
+`pool.view(-1, B)`, i.e. page s // P, offset s % P. Slots -1 are skipped. With `split_page=P`
+the pool is [num_pages, P * B] split pages (kv/split_pages.py: the page's P value parts, then
+its P scale parts), SGLang's index-K page that DeepGEMM reads on SM100
+(kernels.dispatch.index_page_size); split_page=1 is the plain record layout.
 RoPE: pass `pos` [T] with either `inv_freq` fp32 [R/2] (cos/sin computed per call exactly like
 `layers.rope.apply_rope`) or `cos_sin_cache` = (cos, sin) fp32 [max_pos, R/2] read at `pos`.
 Everything is on-device and shape-static: CUDA-graph capturable.
@@ -21,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sglang_dsv41.kernels.dispatch import use_triton
+from sglang_dsv41.kernels import dispatch
+from sglang_dsv41.kernels.dispatch import Path
 from sglang_dsv41.kernels.kv_store.ref import rope_cos_sin, store_records_ref
 from sglang_dsv41.kv.records import Layout, record_bytes
 
@@ -41,11 +45,13 @@ def store_records(
     pos: Tensor | None = None,
     inv_freq: Tensor | None = None,
     cos_sin_cache: tuple[Tensor, Tensor] | None = None,
+    split_page: int = 1,
 ) -> None:
     """Normalize (optional), rotate (optional) and pack T rows into `pool` at `slots`, in place.
 
     x [T, D] fp32 or bf16 (D a multiple of 32; bf16 rows are rounded to bf16 after the norm and
-    after RoPE, like the torch layers); pool uint8 [..., record_bytes(layout, D)];
+    after RoPE, like the torch layers); pool uint8 [..., record_bytes(layout, D)], or
+    [num_pages, split_page * record_bytes(layout, D)] split pages;
     slots [T] int32/int64 (-1 = skip); norm_weight [D] (RMSNorm, fp32 statistics) or None;
     pos [T] int with inv_freq [R/2] or cos_sin_cache (cos, sin) [max_pos, R/2] fp32, or no RoPE.
     """
@@ -53,21 +59,23 @@ def store_records(
         raise ValueError(f"x must be [T, D], got {tuple(x.shape)}")
     T, D = x.shape
     B = record_bytes(layout, D)
-    if pool.dtype != torch.uint8 or pool.shape[-1] != B:
-        raise ValueError(f"pool must be uint8 [..., {B}] for {layout.name} at D={D}")
+    row = split_page * B
+    if pool.dtype != torch.uint8 or pool.shape[-1] != row:
+        raise ValueError(f"pool must be uint8 [..., {row}] for {layout.name} at D={D}")
     if slots.shape != (T,):
         raise ValueError(f"slots must be [T]={T}, got {tuple(slots.shape)}")
-    flat = pool.view(-1, B)
+    flat = pool.view(-1, row)
     has_rope = inv_freq is not None or cos_sin_cache is not None
     if has_rope and pos is None:
         raise ValueError("RoPE needs pos")
-    if not use_triton(x.device):
+    path = dispatch.select("kv_store", x.device, {Path.TRITON: lambda: None})
+    if path is Path.REF:
         cos = sin = None
         if cos_sin_cache is not None:
             cos, sin = (c[pos.long()] for c in cos_sin_cache)
         elif inv_freq is not None:
             cos, sin = rope_cos_sin(pos, inv_freq)
-        store_records_ref(x, flat, slots, layout, norm_weight, eps, cos, sin)
+        store_records_ref(x, flat, slots, layout, norm_weight, eps, cos, sin, split_page)
         return
     from sglang_dsv41.kernels.kv_store import triton as tri
 
@@ -80,7 +88,7 @@ def store_records(
     elif inv_freq is not None:
         cos, sin = rope_cos_sin(pos, inv_freq)
     rope_dim = 0 if cos is None else 2 * cos.shape[-1]
-    tri.store_records(x, flat, slots, _FMT[layout], w, eps, rows, cos, sin, rope_dim)
+    tri.store_records(x, flat, slots, _FMT[layout], w, eps, rows, cos, sin, rope_dim, split_page)
 
 
 def store_swa(
@@ -114,12 +122,12 @@ def store_latent(
     pool: Tensor,
     slots: Tensor,
     *,
-    layout: Layout = Layout.V41_FP4,
+    layout: Layout,
     inv_freq: Tensor | None = None,
     cos_sin_cache: tuple[Tensor, Tensor] | None = None,
 ) -> None:
     """Compressed latents x [n, D] (already normed) -> RoPE at entry positions pos [n] ->
-    records."""
+    records of the config's main-KV layout (V41_FP4 or V41)."""
     store_records(x, pool, slots, layout, pos=pos, inv_freq=inv_freq, cos_sin_cache=cos_sin_cache)
 
 
@@ -133,8 +141,10 @@ def store_index_k(
     *,
     inv_freq: Tensor | None = None,
     cos_sin_cache: tuple[Tensor, Tensor] | None = None,
+    split_page: int = 1,
 ) -> None:
-    """Index keys x [n, DI] (after `wk`) -> k_norm, RoPE -> INDEX_K records at slots [n]."""
+    """Index keys x [n, DI] (after `wk`) -> k_norm, RoPE -> INDEX_K records at slots [n]
+    (split_page: see the module docstring; 128 for an SM100 pool)."""
     store_records(
         x,
         pool,
@@ -145,4 +155,5 @@ def store_index_k(
         pos=pos,
         inv_freq=inv_freq,
         cos_sin_cache=cos_sin_cache,
+        split_page=split_page,
     )

@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sglang_dsv41.kv.records import Layout, pack, record_bytes
+from sglang_dsv41.kv.records import Layout, pack, record_bytes, value_bytes
+from sglang_dsv41.kv.split_pages import write_split_records
 from sglang_dsv41.layers.norm import rms_norm
+from sglang_dsv41.layers.rope import rotate_pairs
 
 
 def rope_cos_sin(pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
@@ -19,16 +21,6 @@ def rope_cos_sin(pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
     them."""
     ang = pos.to(torch.float32)[:, None] * inv_freq.to(device=pos.device, dtype=torch.float32)[None]
     return torch.cos(ang), torch.sin(ang)
-
-
-def rotate_tail(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [T, D] float, cos/sin fp32 [T, R/2] -> [T, D] in x's dtype, last R dims rotated in
-    pairs."""
-    R = 2 * cos.shape[-1]
-    head, tail = x[..., :-R], x[..., -R:].float()
-    a, b = tail[..., 0::2], tail[..., 1::2]
-    rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)  # [T, R]
-    return torch.cat((head, rot.to(x.dtype)), dim=-1)
 
 
 def record_values(
@@ -43,7 +35,7 @@ def record_values(
     if norm_weight is not None:
         y = rms_norm(y, norm_weight, eps)
     if cos is not None:
-        y = rotate_tail(y, cos, sin)
+        y = rotate_pairs(y, cos, sin)  # the layers' RoPE with per-row cos / sin [T, R/2]
     return y.to(torch.float32)
 
 
@@ -56,14 +48,20 @@ def store_records_ref(
     eps: float = 1e-6,
     cos: Tensor | None = None,
     sin: Tensor | None = None,
+    split_page: int = 1,
 ) -> None:
     """Write pack(layout, record_values(x, ...)) rows into pool slots, in place.
 
-    x [T, D]; pool uint8 [..., B] whose leading dims flatten to slots; slots [T] int, -1 = skip;
-    cos/sin fp32 [T, R/2] per row (already gathered by position) or None for no RoPE.
+    x [T, D]; pool uint8 [..., B] whose leading dims flatten to slots, or split pages
+    [num_pages, split_page * B] (kv/split_pages.py); slots [T] int, -1 = skip; cos/sin fp32
+    [T, R/2] per row (already gathered by position) or None for no RoPE.
     """
-    B = record_bytes(layout, x.shape[-1])
-    flat = pool.view(-1, B)
+    D = x.shape[-1]
+    B = record_bytes(layout, D)
     rec = pack(layout, record_values(x, norm_weight, eps, cos, sin))  # [T, B]
+    if split_page > 1:
+        write_split_records(pool, slots, rec, split_page, value_bytes(layout, D))
+        return
+    flat = pool.view(-1, B)
     keep = slots >= 0
     flat[slots[keep].long()] = rec[keep]

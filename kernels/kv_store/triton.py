@@ -2,12 +2,15 @@
 
 Per row t (one program): optional RMSNorm (fp32 statistics), optional RoPE on the last R dims
 (interleaved pairs), then the record bytes of `sglang_dsv41.kv.records` (V41, V41_FP4 or
-INDEX_K), written at slot `slots[t]` of a flat pool view (-1 = skip the row).
+INDEX_K), written at slot `slots[t]` of a flat pool view (-1 = skip the row), or into split
+pages of PAGE slots (kv/split_pages.py: a page's value parts, then its scale parts; PAGE = 1 is
+the plain record).
 
 The row is held as pairs: `b_e`/`b_o` are the even/odd elements [NG, GP] (NG scale tiles of
 GP = G/2 pairs), which is the RoPE pairing, the e2m1 nibble pairing, and a scale-tile split at
-once. Every encoder below is the integer/compare form of the codecs in `kv/fp.py`, so the bytes
-are equal, not close. Float fusion is disabled at launch so `a*c - b*s` rounds like torch.
+once. Every encoder below is the integer/compare form of the codecs in `kv/fp.py` and
+`kv/records.py`, so the bytes are equal, not close (and equal to SGLang's V4.1 writers). Float
+fusion is disabled at launch so `a*c - b*s` rounds like torch.
 """
 
 from __future__ import annotations
@@ -73,13 +76,18 @@ def e2m1_encode(x):
 
 
 @triton.jit
-def ue8m0_encode(amax, FMAX: tl.constexpr):
-    """fp32 amax [...] (NaN-propagating) -> (int32 byte [...], fp32 scale [...]) as ue8m0_scale."""
-    a = tl.where(amax != amax, amax, tl.maximum(amax, 1e-4))
-    bits = tl.math.div_rn(a, FMAX).to(tl.int32, bitcast=True)
-    byte = tl.minimum(((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32), 255)
-    scale = tl.where(byte == 0, 0x00400000, byte << 23).to(tl.float32, bitcast=True)
-    return byte, tl.where(byte == 255, float("nan"), scale)
+def ue8m0_ceil(y, LO: tl.constexpr, HI: tl.constexpr):
+    """fp32 y [...] (positive, NaN or inf) -> int32 byte [...] = clamp(127 + ceil(log2 y), LO, HI)
+    on the IEEE bits, as `kv.fp.ue8m0_ceil` (NaN / inf give 255 or 256 before the clamp)."""
+    bits = y.to(tl.int32, bitcast=True)
+    byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    return tl.minimum(tl.maximum(byte, LO), HI)
+
+
+@triton.jit
+def _floored(y):
+    """max(y, 1e-4) keeping NaN (a GPU max would drop it)."""
+    return tl.where(y != y, y, tl.maximum(y, 1e-4))
 
 
 @triton.jit
@@ -99,7 +107,7 @@ def _tile_amax(b_e, b_o):
     return tl.where(nan > 0, float("nan"), amax)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PAGE"])
 def _store_records_kernel(
     x_ptr,
     stride_x,  # [T, D] float rows
@@ -111,7 +119,8 @@ def _store_records_kernel(
     stride_cs,  # [*, R/2] fp32
     slot_ptr,  # [T] int, -1 = skip
     out_ptr,
-    stride_out,  # uint8 [S, B] flat pool
+    stride_out,  # uint8 [S / PAGE, PAGE * B] pool rows (pages)
+    PAGE,  # slots per split page (1: one record per row)
     D: tl.constexpr,
     R: tl.constexpr,
     G: tl.constexpr,
@@ -161,25 +170,38 @@ def _store_records_kernel(
         b_e = tl.where(m_r, r_e, b_e)
         b_o = tl.where(m_r, r_o, b_o)
     amax = _tile_amax(b_e, b_o)  # [NG_P2]
-    p_out = out_ptr + slot * stride_out
-    if FMT == 0:  # V41: e4m3 values, UE8M0 per 32
-        sbyte, scale = ue8m0_encode(amax, 448.0)
-        c_e = e4m3_encode(tl.math.div_rn(b_e, scale[:, None]))
-        c_o = e4m3_encode(tl.math.div_rn(b_o, scale[:, None]))
+    NVB: tl.constexpr = D if FMT == 0 else D // 2  # value bytes of a record
+    p_page = out_ptr + (slot // PAGE) * stride_out
+    p_out = p_page + (slot % PAGE) * NVB  # the record's values
+    p_sc = p_page + PAGE * NVB + (slot % PAGE) * NG  # its scales (PAGE = 1: right after)
+    if FMT == 0:  # V41: e4m3 values, UE8M0 per 32 of max(amax / 448, 1e-4)
+        y = tl.math.div_rn(amax, 448.0)
+        sbyte = ue8m0_ceil(_floored(y), 0, 255)
+        # a non-finite y (NaN or inf tile) divides the values by itself; its byte is 0xFF
+        div = tl.where(y < float("inf"), (sbyte << 23).to(tl.float32, bitcast=True), y)
+        c_e = e4m3_encode(tl.math.div_rn(b_e, div[:, None]))
+        c_o = e4m3_encode(tl.math.div_rn(b_o, div[:, None]))
         tl.store(p_out + 2 * o_p, c_e.to(tl.uint8), mask=m_p)
         tl.store(p_out + 2 * o_p + 1, c_o.to(tl.uint8), mask=m_p)
-        tl.store(p_out + D + o_g, sbyte.to(tl.uint8), mask=o_g < NG)
+        tl.store(p_sc + o_g, sbyte.to(tl.uint8), mask=o_g < NG)
     else:
-        if FMT == 1:  # V41_FP4: e4m3 scale per 16
+        if FMT == 1:  # V41_FP4: e4m3 scale per 16; NaN tile -> NaN scale, inf saturates
             sc = tl.minimum(tl.maximum(tl.math.div_rn(amax, 6.0), 0.001953125), 448.0)
-            sbyte = e4m3_encode(tl.where(amax < float("inf"), sc, float("nan")))
+            sbyte = e4m3_encode(tl.where(amax == amax, sc, float("nan")))
             scale = e4m3_decode(sbyte)
-        else:  # INDEX_K: UE8M0 per 32, fmax 6
-            sbyte, scale = ue8m0_encode(amax, 6.0)
+        else:  # INDEX_K: UE8M0 per 32 of max(amax / 6, 1e-4) over non-NaN values, in [1, 254]
+            a_e = tl.where(b_e == b_e, tl.abs(b_e), 0.0)
+            a_o = tl.where(b_o == b_o, tl.abs(b_o), 0.0)
+            amax_k = tl.max(tl.maximum(a_e, a_o), axis=1)
+            sbyte = ue8m0_ceil(tl.maximum(tl.math.div_rn(amax_k, 6.0), 1e-4), 1, 254)
+            scale = (sbyte << 23).to(tl.float32, bitcast=True)
         c_e = e2m1_encode(tl.math.div_rn(b_e, scale[:, None]))
         c_o = e2m1_encode(tl.math.div_rn(b_o, scale[:, None]))
+        if FMT == 2:  # index K: +0 for a value that rounds to zero, +6 for NaN
+            c_e = tl.where(b_e != b_e, 7, tl.where(c_e == 8, 0, c_e))
+            c_o = tl.where(b_o != b_o, 7, tl.where(c_o == 8, 0, c_o))
         tl.store(p_out + o_p, (c_e | (c_o << 4)).to(tl.uint8), mask=m_p)
-        tl.store(p_out + D // 2 + o_g, sbyte.to(tl.uint8), mask=o_g < NG)
+        tl.store(p_sc + o_g, sbyte.to(tl.uint8), mask=o_g < NG)
 
 
 def store_records(
@@ -193,12 +215,14 @@ def store_records(
     cos=None,
     sin=None,
     rope_dim: int = 0,
+    page: int = 1,
 ):
     """Launch the store; arguments as prepared by `kernels.kv_store.store_records`.
 
-    x [T, D] fp32/bf16 (last dim contiguous); pool_flat uint8 [S, B]; slots [T] int (-1 =
-    skip); weight fp32 [D] or None; cos/sin fp32 [*, R/2] (last dim contiguous), read at row
-    cs_rows[t] ([T] int, e.g. positions into a table) or at row t when cs_rows is None.
+    x [T, D] fp32/bf16 (last dim contiguous); pool_flat uint8 [S, B], or [S / page, page * B]
+    split pages; slots [T] int (-1 = skip); weight fp32 [D] or None; cos/sin fp32 [*, R/2]
+    (last dim contiguous), read at row cs_rows[t] ([T] int, e.g. positions into a table) or at
+    row t when cs_rows is None.
     """
     T, D = x.shape
     if T == 0:
@@ -217,6 +241,7 @@ def store_records(
         slots,
         pool_flat,
         pool_flat.stride(0),
+        page,
         D=D,
         R=rope_dim,
         G=G,

@@ -1,9 +1,11 @@
 """Sparse MQA attention over V4.1 records: SWA window + top-k entries + sink, one softmax.
 
 `sparse_attention` serves decode and prefill (extend) alike: each query token t carries its own
-explicit slot lists, so per-request windows, the bounded-replay floor and short sequences are all
-expressed by -1 padding (see `indices.py`). Dispatch: Triton on CUDA with capability >= 9.0,
-torch reference elsewhere or with DSV41_FORCE_REF=1.
+explicit slot lists (kernels.args.SparseKV), so per-request windows, the bounded-replay floor and
+short sequences are all expressed by -1 padding (see `indices.py`). Paths (kernels/dispatch.py):
+FlashMLA's V4.1 kernels on SM100 / SM103 (sm100.py: bf16 queries, D 512, 64 or 128 heads),
+Triton on CUDA with capability >= 9.0, the torch reference elsewhere, with DSV41_FORCE_REF=1,
+or for a shape no fast path takes (logged once).
 """
 
 from __future__ import annotations
@@ -11,23 +13,38 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sglang_dsv41.kernels.dispatch import use_triton
+from sglang_dsv41.kernels import dispatch
+from sglang_dsv41.kernels.args import SparseKV
+from sglang_dsv41.kernels.dispatch import Path
 from sglang_dsv41.kernels.sparse_attn.indices import entry_slots, swa_window_slots
 from sglang_dsv41.kernels.sparse_attn.ref import sparse_attention_ref
 from sglang_dsv41.kv.records import Layout, record_bytes
 
-__all__ = ["sparse_attention", "sparse_attention_ref", "swa_window_slots", "entry_slots"]
+__all__ = [
+    "SparseKV",
+    "sparse_attention",
+    "sparse_attention_ref",
+    "swa_window_slots",
+    "entry_slots",
+]
+
+
+def triton_unsupported(q: Tensor) -> str | None:
+    """None when the Triton kernel takes q [T, H, D], else the reason."""
+    D = q.shape[-1]
+    if D < 64 or D & (D - 1):
+        return f"head dim {D} (needs a power of two >= 64)"
+    if q.dtype not in (torch.bfloat16, torch.float32):
+        return f"queries in {q.dtype} (needs bf16 or fp32)"
+    return None
 
 
 def sparse_attention(
     q: Tensor,
-    swa_cache: Tensor | None,
-    swa_slots: Tensor | None,
-    kv_cache: Tensor | None = None,
-    topk_slots: Tensor | None = None,
-    kv_layout: Layout = Layout.V41_FP4,
-    attn_sink: Tensor | None = None,
+    kv: SparseKV,
+    attn_sink: Tensor | None,
     scale: float | None = None,
+    *,
     out_dtype: torch.dtype = torch.bfloat16,
     out: Tensor | None = None,
     **launch,
@@ -35,45 +52,40 @@ def sparse_attention(
     """o [T, H, D]: per token and head, softmax over SWA + top-k logits (x scale) and the sink.
 
     q [T, H, D] bf16, or fp32 for the exact path (H any, 8..128 typical; D a power of two >= 64,
-    512 in V4.1);
-    swa_cache uint8 [..., D + D/32] (V41; leading dims flatten to slots) and swa_slots int32
-    [T, W] (-1 = skip); kv_cache uint8 [..., record_bytes(kv_layout, D)] (V41_FP4 or V41) and
-    topk_slots int32 [T, TOPK] (-1 = skip); either pair may be None (SWA-only layers);
+    512 in V4.1); kv: the caches and slot lists (kernels.args.SparseKV; either list may be None);
     attn_sink fp32 [H] (unscaled logit of a zero value) or None; scale defaults to D^-0.5.
     Returns `out` (allocated as out_dtype bf16/fp32 if None). No host syncs: graph-capturable.
     `launch` passes tuning knobs to the Triton launcher (num_splits, block_n, num_warps, ...).
     """
     T, H, D = q.shape
+    kv.check_dim(D)
     scale = D**-0.5 if scale is None else float(scale)
-    if kv_layout not in (Layout.V41, Layout.V41_FP4):
-        raise ValueError(f"main KV layout must be V41 or V41_FP4, got {kv_layout}")
     if out is None:
         out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
-    if not use_triton(q.device):
-        out.copy_(
-            sparse_attention_ref(
-                q,
-                swa_cache,
-                swa_slots,
-                kv_cache,
-                topk_slots,
-                kv_layout,
-                attn_sink,
-                scale,
-                out.dtype,
-            )
-        )
+
+    def sm100_check():
+        from sglang_dsv41.kernels.sparse_attn import sm100
+
+        return sm100.unsupported(q, kv)
+
+    fast = {Path.SM100: sm100_check, Path.TRITON: lambda: triton_unsupported(q)}
+    path = dispatch.select("sparse_attention", q.device, fast)
+    if path is Path.SM100:
+        from sglang_dsv41.kernels.sparse_attn import sm100
+
+        return sm100.sparse_attention(q, kv, attn_sink, scale, out)
+    if path is Path.REF:
+        out.copy_(sparse_attention_ref(q, kv, attn_sink, scale, out.dtype))
         return out
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
-    if D < 64 or D & (D - 1):
-        raise ValueError(f"the Triton kernel needs D a power of two >= 64, got {D}")
     empty = torch.empty(T, 0, dtype=torch.int32, device=q.device)
     dummy = torch.empty(1, 1, dtype=torch.uint8, device=q.device)
-    swa_flat = dummy if swa_slots is None else swa_cache.view(-1, record_bytes(Layout.V41, D))
-    kv_flat = dummy if topk_slots is None else kv_cache.view(-1, record_bytes(kv_layout, D))
-    swa_slots = empty if swa_slots is None else _as_index(swa_slots, T)
-    topk_slots = empty if topk_slots is None else _as_index(topk_slots, T)
+    has_swa, has_top = kv.swa_slots is not None, kv.topk_slots is not None
+    swa_flat = kv.swa_cache.view(-1, record_bytes(Layout.V41, D)) if has_swa else dummy
+    kv_flat = kv.kv_cache.view(-1, record_bytes(kv.kv_layout, D)) if has_top else dummy
+    swa_slots = _as_index(kv.swa_slots, T) if has_swa else empty
+    topk_slots = _as_index(kv.topk_slots, T) if has_top else empty
     q = q if q.stride(-1) == 1 else q.contiguous()
     sink = None if attn_sink is None else attn_sink.to(torch.float32).contiguous()
     return tri.sparse_attention(
@@ -82,7 +94,7 @@ def sparse_attention(
         swa_slots,
         kv_flat,
         topk_slots,
-        kv_layout is Layout.V41_FP4,
+        kv.kv_layout is Layout.V41_FP4,
         sink,
         scale,
         out,

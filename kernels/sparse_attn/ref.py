@@ -1,9 +1,9 @@
 """Torch reference of sparse MQA attention over V4.1 records (DESIGN.md section 3, step 7).
 
-For query token t and head h: one softmax over
-    [q[t,h] . K_swa[t, :] * scale,  q[t,h] . K_topk[t, :] * scale,  attn_sink[h]]
-with K = V (the records' dequantized D-vectors), the sink unscaled and of value zero. Entries whose
-slot is -1 are left out. A token that sees nothing gets o = 0.
+The formula is the oracle's, `sglang_dsv41.layers.sparse_attention` (one softmax over the SWA
+logits, the top-k logits and the sink; K = V; the sink unscaled with a zero value); this file only
+adds the gather and dequantization of the records named by the slot lists (-1 = left out). A
+token that sees nothing gets o = 0, with or without a sink.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kv.records import Layout, record_bytes, unpack
+from sglang_dsv41.layers.sparse_attention import sparse_attention
 
 
 def gather_records(cache: Tensor, slots: Tensor, layout: Layout, dim: int) -> Tensor:
@@ -23,51 +25,42 @@ def gather_records(cache: Tensor, slots: Tensor, layout: Layout, dim: int) -> Te
     return torch.where((slots >= 0)[..., None], k, torch.zeros((), dtype=k.dtype, device=k.device))
 
 
+def _keys(cache, slots, layout, rows: slice, q: Tensor) -> tuple[Tensor, Tensor]:
+    """(keys fp32 [t, N, D], valid bool [t, N]) of one slot list, [t, 0, D] when absent."""
+    t, D = rows.stop - rows.start, q.shape[-1]
+    if slots is None:
+        return q.new_zeros(t, 0, D, dtype=torch.float32), torch.zeros(
+            t, 0, dtype=torch.bool, device=q.device
+        )
+    s = slots[rows]
+    return gather_records(cache, s, layout, D), s >= 0
+
+
 def sparse_attention_ref(
     q: Tensor,
-    swa_cache: Tensor | None,
-    swa_slots: Tensor | None,
-    kv_cache: Tensor | None,
-    topk_slots: Tensor | None,
-    kv_layout: Layout = Layout.V41_FP4,
+    kv: SparseKV,
     attn_sink: Tensor | None = None,
     scale: float | None = None,
     out_dtype: torch.dtype | None = None,
     compute_dtype: torch.dtype = torch.float32,
     chunk: int = 64,
 ) -> Tensor:
-    """o [T, H, D] = sparse attention of q over SWA records (V41) and top-k records (kv_layout).
+    """o [T, H, D] = sparse attention of q over kv's SWA records (V41) and top-k records.
 
-    q [T, H, D] float; swa_cache uint8 [..., D + D/32] with swa_slots [T, W] int (-1 = skip);
-    kv_cache uint8 [..., record_bytes(kv_layout, D)] with topk_slots [T, TOPK] (-1 = skip);
-    either pair may be None. attn_sink fp32 [H] or None; scale defaults to D^-0.5.
-    compute_dtype: fp32 for the oracle, bf16 for "plain bf16 torch" (the 2x error bar);
+    q [T, H, D] float; kv: kernels.args.SparseKV; attn_sink fp32 [H] or None; scale defaults to
+    D^-0.5. compute_dtype: fp32 for the oracle, bf16 for "plain bf16 torch" (the 2x error bar);
     records are dequantized in fp32 first (exact in bf16 too). Rows are done `chunk` at a time.
     """
     T, H, D = q.shape
+    kv.check_dim(D)
     scale = D**-0.5 if scale is None else scale
+    sink = attn_sink if attn_sink is not None else q.new_full((H,), float("-inf"))
     out = torch.empty(T, H, D, dtype=out_dtype or q.dtype, device=q.device)
     for t0 in range(0, T, chunk):
-        t1 = min(T, t0 + chunk)
-        ks, masks = [], []
-        if swa_slots is not None and swa_slots.shape[1] > 0:
-            ks.append(gather_records(swa_cache, swa_slots[t0:t1], Layout.V41, D))
-            masks.append(swa_slots[t0:t1] >= 0)
-        if topk_slots is not None and topk_slots.shape[1] > 0:
-            ks.append(gather_records(kv_cache, topk_slots[t0:t1], kv_layout, D))
-            masks.append(topk_slots[t0:t1] >= 0)
-        qc = q[t0:t1].to(compute_dtype)  # [t, H, D]
-        if not ks:
-            out[t0:t1] = 0
-            continue
-        k = torch.cat(ks, dim=1).to(compute_dtype)  # [t, N, D]
-        valid = torch.cat(masks, dim=1)  # [t, N]
-        logits = torch.einsum("thd,tnd->thn", qc, k) * scale  # [t, H, N]
-        logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
-        if attn_sink is not None:
-            sink = attn_sink.to(compute_dtype)[None, :, None].expand(t1 - t0, H, 1)
-            logits = torch.cat((logits, sink), dim=-1)  # [t, H, N + 1]
-        p = torch.softmax(logits, dim=-1)
-        p = torch.nan_to_num(p[..., : k.shape[1]], nan=0.0)  # rows that saw nothing -> 0
-        out[t0:t1] = torch.einsum("thn,tnd->thd", p, k).to(out.dtype)
+        rows = slice(t0, min(T, t0 + chunk))
+        k_swa, swa_ok = _keys(kv.swa_cache, kv.swa_slots, Layout.V41, rows, q)
+        k_top, top_ok = _keys(kv.kv_cache, kv.topk_slots, kv.kv_layout, rows, q)
+        o = sparse_attention(q[rows], k_swa, swa_ok, k_top, top_ok, sink, scale, compute_dtype)
+        seen = torch.cat((swa_ok, top_ok), dim=1).any(dim=1)  # [t]
+        out[rows] = torch.where(seen[:, None, None], o, torch.zeros((), dtype=o.dtype))
     return out

@@ -7,11 +7,14 @@ reproduce its bytes exactly (see docs/kv_records.md). Rules shared by all encode
 - Rounding is round-to-nearest-even (RNE) on the target grid; finite values and +-inf beyond the
   largest magnitude saturate to it (e4m3: 448, e2m1: 6).
 - The sign bit of the code is the IEEE sign bit of the input, so -0.0 and negative values that
-  round to zero encode as negative zero (e4m3 0x80, e2m1 0b1000) and decode to -0.0.
+  round to zero encode as negative zero (e4m3 0x80, e2m1 0b1000) and decode to -0.0 (the index-K
+  record drops that sign, see records.py).
 - NaN encodes to one fixed code: e4m3 0x7F, e2m1 0b0000 (e2m1 has no NaN; a NaN-carrying tile is
-  marked by its scale instead, see ``ue8m0_scale`` and records.py).
+  marked by its scale instead, see records.py).
 
-UE8M0 bytes encode 2^(byte - 127); byte 0xFF is NaN (OCP MX convention).
+UE8M0 bytes encode 2^(byte - 127); byte 0xFF is NaN (OCP MX convention). ``ue8m0_ceil`` is the
+one rounding rule (2^ceil(log2 y) on the IEEE bits); the KV records floor y = amax / fmax at
+``SCALE_FLOOR`` (SGLang's V4.1 writers), the weight encoders floor amax itself (``ue8m0_scale``).
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from torch import Tensor
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
-# Floor on a tile's amax before a UE8M0 scale is derived, as in DeepSeek's act_quant. An all-zero
-# tile then gets a finite scale (2^-22 for fmax 448, 2^-15 for fmax 6) and decodes to exact zeros.
+# Floor on a weight block's amax before its UE8M0 scale is derived, as in DeepSeek's act_quant
+# (weights/quant.py). An all-zero block then gets 2^-22 (fmax 448) or 2^-15 (fmax 6).
 AMAX_FLOOR = 1e-4
+# Floor on amax / fmax in the KV records' UE8M0 scales (V41, INDEX_K), as SGLang's V4.1 writers
+# and test oracles apply it: every scale is at least 2^-13 (byte 114).
+SCALE_FLOOR = 1e-4
 UE8M0_NAN = 0xFF
 E4M3_NAN = 0x7F
 
@@ -43,25 +49,33 @@ def ue8m0_decode(byte: Tensor) -> Tensor:
     return torch.where(b == UE8M0_NAN, torch.full_like(scale, float("nan")), scale)
 
 
+def ue8m0_ceil(y: Tensor, lo: int = 0, hi: int = UE8M0_NAN) -> tuple[Tensor, Tensor]:
+    """Power-of-two scale at or above y: byte = clamp(127 + ceil(log2 y), lo, hi).
+
+    y: fp32 [...] positive normal floats, or NaN / +inf. Returns (scale fp32 [...], byte uint8
+    [...]) with scale == ue8m0_decode(byte). Exact, no log2 call: byte = biased_exponent(y) +
+    (mantissa_bits(y) != 0), clamped; a NaN or +inf y gives 255 (256 for NaN) before the clamp,
+    so with the default hi it is the NaN byte 0xFF.
+    """
+    bits = y.to(torch.float32).view(torch.int32)
+    exp_field = (bits >> 23) & 0xFF
+    round_up = ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    byte = (exp_field + round_up).clamp(lo, hi).to(torch.uint8)
+    return ue8m0_decode(byte), byte
+
+
 def ue8m0_scale(amax: Tensor, fmax: float) -> tuple[Tensor, Tensor]:
-    """Power-of-two scale covering ``amax``: scale = 2^ceil(log2(max(amax, AMAX_FLOOR) / fmax)).
+    """Weight-block scale covering ``amax``: 2^ceil(log2(max(amax, AMAX_FLOOR) / fmax)).
 
     amax: fp32 [...] (non-negative, e.g. ``x.abs().amax(-1)``; it must propagate NaN).
     fmax: largest magnitude of the element format (E4M3_MAX or E2M1_MAX).
     Returns (scale fp32 [...], byte uint8 [...]) with scale == ue8m0_decode(byte).
-
-    Exact formula (no log2 call): y = max(amax, AMAX_FLOOR) / fmax in fp32 (a division);
-    byte = min(biased_exponent(y) + (mantissa_bits(y) != 0), 255). y is always a normal float.
-    A NaN or +inf amax gives byte 0xFF (NaN scale): the whole tile decodes to NaN.
+    y = max(amax, AMAX_FLOOR) / fmax is an fp32 division, then ``ue8m0_ceil(y)``; a NaN or +inf
+    amax gives byte 0xFF (NaN scale): the whole block decodes to NaN. The KV records use
+    SCALE_FLOOR on amax / fmax instead (records.py).
     """
-    a = amax.to(torch.float32)
-    a = a.clamp(min=AMAX_FLOOR)  # torch.clamp keeps NaN (tested)
-    y = a / fmax
-    bits = y.view(torch.int32)
-    exp_field = (bits >> 23) & 0xFF
-    round_up = ((bits & 0x7FFFFF) != 0).to(torch.int32)
-    byte = (exp_field + round_up).clamp(max=UE8M0_NAN).to(torch.uint8)
-    return ue8m0_decode(byte), byte
+    a = amax.to(torch.float32).clamp(min=AMAX_FLOOR)  # torch.clamp keeps NaN (tested)
+    return ue8m0_ceil(a / fmax)
 
 
 def e4m3_encode(x: Tensor) -> Tensor:

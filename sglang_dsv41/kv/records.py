@@ -10,17 +10,25 @@ One record holds one token's (or one compressed entry's) vector of D values, D a
 
 Packed e2m1: value 2i in the low nibble of byte i, value 2i+1 in the high nibble.
 
-Exact formulas, per tile t of consecutive values (all fp32; bf16 inputs are cast first):
-- V41:     scale, sbyte = ue8m0_scale(amax_t, 448); byte = e4m3_encode(x / scale)
-- V41_FP4: s = amax_t / 6; sc = clamp(s, 2^-9, 448) (NaN if amax_t is not finite);
+Exact formulas, per tile t of consecutive values (all fp32; bf16 inputs are cast first). They are
+the bytes of SGLang's V4.1 writers and test oracles (tests/cpu/test_records_vs_sglang.py):
+- V41:     y = amax_t / 448; scale, sbyte = ue8m0_ceil(max(y, 1e-4)); byte = e4m3(x / scale)
+           (a non-finite y: sbyte 0xFF and the values are divided by y itself)
+- V41_FP4: sc = clamp(amax_t / 6, 2^-9, 448) (NaN if the tile holds a NaN; +-inf saturates);
            sbyte = e4m3_encode(sc); scale = e4m3_decode(sbyte); code = e2m1_encode(x / scale)
-- INDEX_K: scale, sbyte = ue8m0_scale(amax_t, 6); code = e2m1_encode(x / scale)
-amax_t = max |x| over the tile, NaN if the tile holds a NaN. ``x / scale`` is an fp32 division
-(not a multiplication by a reciprocal). Decoding is decode(value) * scale, exact in fp32.
+- INDEX_K: scale, sbyte = ue8m0_ceil(max(amax_t / 6, 1e-4)) with the byte clamped to [1, 254]
+           (amax_t over the tile's non-NaN values); code = e2m1_encode(x / scale), a code that
+           rounds to zero written as +0 and a NaN as +6
+amax_t = max |x| over the tile, NaN if the tile holds a NaN (except INDEX_K). ``x / scale`` is an
+fp32 division (not a multiplication by a reciprocal). Decoding is decode(value) * scale, exact in
+fp32.
 
-Special tiles: an all-zero tile decodes to zeros (signs kept: -0.0 stays -0.0). A tile holding
-any NaN or +-inf gets the NaN scale (UE8M0 0xFF, e4m3 0x7F); every value in it then divides to
-NaN and encodes as the NaN code (e4m3 0x7F, e2m1 0), and the whole tile decodes to NaN.
+Special tiles: an all-zero tile decodes to zeros (V41 and V41_FP4 keep -0.0, INDEX_K writes +0).
+V41: a NaN or +-inf anywhere gives the NaN scale 0xFF and the tile decodes to NaN. V41_FP4: a NaN
+gives the NaN scale 0x7F (codes 0, decodes to NaN); +-inf saturates (scale 448, code +-6).
+INDEX_K: +-inf saturates (byte 254, code +-6, decodes to +-inf); a NaN is written as +6 and does
+not enter the scale (SGLang's packer reduces with NaN-dropping max / min, on the GPU and in the
+Triton interpreter alike), so index-K records never decode to NaN.
 Range: V41_FP4 saturates at 6 * 448 = 2688 (larger finite values decode to +-2688); the UE8M0
 layouts cover all of fp32, but a tile with amax >= 2^127 may round up to a grid value whose
 decoded product overflows to +-inf. Full rules and worked bytes: docs/kv_records.md.
@@ -36,13 +44,14 @@ from torch import Tensor
 from sglang_dsv41.kv.fp import (
     E2M1_MAX,
     E4M3_MAX,
+    SCALE_FLOOR,
     e2m1_decode,
     e2m1_encode,
     e4m3_decode,
     e4m3_encode,
     pack_nibbles,
+    ue8m0_ceil,
     ue8m0_decode,
-    ue8m0_scale,
     unpack_nibbles,
 )
 
@@ -98,11 +107,37 @@ def _tiles(x: Tensor, tile: int) -> tuple[Tensor, Tensor]:
     return xt, xt.abs().amax(dim=-1)  # torch.amax propagates NaN (tested)
 
 
+def _v41_scale(amax: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """amax fp32 [...] -> (divisor fp32 [...], scale fp32 [...], UE8M0 byte uint8 [...]).
+
+    scale = 2^ceil(log2(max(amax / 448, 1e-4))); where amax / 448 is not finite the byte is 0xFF
+    (scale NaN) and the divisor is amax / 448 itself, as SGLang's V4.1 writer divides.
+    """
+    y = amax / E4M3_MAX
+    scale, byte = ue8m0_ceil(y.clamp(min=SCALE_FLOOR))  # torch.clamp keeps NaN
+    return torch.where(torch.isfinite(y), scale, y), scale, byte
+
+
+def _index_k_scale(xt: Tensor) -> tuple[Tensor, Tensor]:
+    """fp32 tiles [..., 32] -> (scale fp32 [...], byte uint8 [...]): 2^ceil(log2(max(amax / 6,
+    1e-4))) with the byte clamped to [1, 254] (an inf amax gives 254, scale 2^127). NaN values do
+    not enter amax (SGLang's packer takes a NaN-dropping max)."""
+    amax = torch.where(torch.isnan(xt), 0.0, xt.abs()).amax(dim=-1)
+    return ue8m0_ceil((amax / E2M1_MAX).clamp(min=SCALE_FLOOR), lo=1, hi=254)
+
+
+def _index_k_codes(xt: Tensor, scale: Tensor) -> Tensor:
+    """e2m1 codes uint8 [..., 32] of xt / scale [..., 1]: a value that rounds to zero is +0 (0x0)
+    and a NaN is +6 (0x7), as SGLang's packer writes them."""
+    codes = e2m1_encode(xt / scale)
+    codes = torch.where(codes == 8, torch.zeros_like(codes), codes)
+    return torch.where(torch.isnan(xt), torch.full_like(codes, 7), codes)
+
+
 def _fp4_e4m3_scale(amax: Tensor) -> tuple[Tensor, Tensor]:
-    """amax fp32 [...] -> (scale fp32 [...], e4m3 byte uint8 [...]) for V41_FP4 tiles."""
-    sc = (amax / E2M1_MAX).clamp(FP4_SCALE_MIN, E4M3_MAX)
-    sc = torch.where(torch.isfinite(amax), sc, torch.full_like(sc, float("nan")))
-    byte = e4m3_encode(sc)
+    """amax fp32 [...] -> (scale fp32 [...], e4m3 byte uint8 [...]) for V41_FP4 tiles: a NaN amax
+    gives the NaN byte 0x7F, +inf saturates at 448 (torch.clamp keeps NaN, clamps inf)."""
+    byte = e4m3_encode((amax / E2M1_MAX).clamp(FP4_SCALE_MIN, E4M3_MAX))
     return e4m3_decode(byte), byte
 
 
@@ -118,8 +153,8 @@ def _split(rec: Tensor, layout: Layout) -> tuple[Tensor, Tensor, int]:
 def pack_v41(x: Tensor) -> Tensor:
     """x float [..., D] -> uint8 [..., D + D/32]: D e4m3 bytes, then D/32 UE8M0 scale bytes."""
     xt, amax = _tiles(x, 32)
-    scale, sbyte = ue8m0_scale(amax, E4M3_MAX)
-    values = e4m3_encode(xt / scale.unsqueeze(-1)).flatten(-2)  # [..., D]
+    div, _, sbyte = _v41_scale(amax)
+    values = e4m3_encode(xt / div.unsqueeze(-1)).flatten(-2)  # [..., D]
     return torch.cat((values, sbyte), dim=-1)
 
 
@@ -147,9 +182,9 @@ def unpack_v41_fp4(rec: Tensor) -> Tensor:
 
 def pack_index_k(x: Tensor) -> Tensor:
     """x float [..., DI] -> uint8 [..., DI/2 + DI/32]: packed e2m1, then DI/32 UE8M0 scales."""
-    xt, amax = _tiles(x, 32)
-    scale, sbyte = ue8m0_scale(amax, E2M1_MAX)
-    codes = e2m1_encode(xt / scale.unsqueeze(-1)).flatten(-2)  # [..., DI]
+    xt, _ = _tiles(x, 32)
+    scale, sbyte = _index_k_scale(xt)
+    codes = _index_k_codes(xt, scale.unsqueeze(-1)).flatten(-2)  # [..., DI]
     return torch.cat((pack_nibbles(codes), sbyte), dim=-1)
 
 
@@ -178,21 +213,22 @@ def fake_quant(layout: Layout, x: Tensor) -> Tensor:
     """x float [..., D] -> fp32 [..., D], bit-identical to unpack(layout, pack(layout, x)).
 
     Skips the byte packing: the scale and rounded values are computed as in pack and decoded at
-    once. NaN tiles give NaN (payload/sign of the NaN not specified).
+    once. NaN positions follow the special tiles of the module docstring (payload/sign of the NaN
+    not specified).
     """
     if layout is Layout.V41:
         xt, amax = _tiles(x, 32)
-        scale, _ = ue8m0_scale(amax, E4M3_MAX)
-        scale = scale.unsqueeze(-1)
-        q = (xt / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-        return (q * scale).flatten(-2)
+        div, scale, _ = _v41_scale(amax)
+        q = (xt / div.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        return (q.to(torch.float32) * scale.unsqueeze(-1)).flatten(-2)
     if layout is Layout.V41_FP4:
         xt, amax = _tiles(x, 16)
         scale, _ = _fp4_e4m3_scale(amax)
+        codes = e2m1_encode(xt / scale.unsqueeze(-1))
     elif layout is Layout.INDEX_K:
-        xt, amax = _tiles(x, 32)
-        scale, _ = ue8m0_scale(amax, E2M1_MAX)
+        xt, _ = _tiles(x, 32)
+        scale, _ = _index_k_scale(xt)
+        codes = _index_k_codes(xt, scale.unsqueeze(-1))
     else:
         raise ValueError(f"unknown layout {layout}")
-    scale = scale.unsqueeze(-1)
-    return (e2m1_decode(e2m1_encode(xt / scale)) * scale).flatten(-2)
+    return (e2m1_decode(codes) * scale.unsqueeze(-1)).flatten(-2)

@@ -64,7 +64,14 @@ def apply_rope(
     if inverse:
         sin = -sin
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (R // 2,)
-    cos, sin = cos.view(shape), sin.view(shape)
+    return rotate_pairs(x, cos.view(shape), sin.view(shape))
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotation itself: the last R = 2 * cos.shape[-1] dims of x, pairs (x[2i], x[2i+1])
+    turned by (cos[i], sin[i]) in fp32, returned in x's dtype. cos / sin fp32 broadcast against
+    x[..., :R/2] (e.g. [T, 1, R/2] for x [T, H, C])."""
+    R = 2 * cos.shape[-1]
     head, tail = x[..., :-R], x[..., -R:].float()
     a, b = tail[..., 0::2], tail[..., 1::2]
     rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)

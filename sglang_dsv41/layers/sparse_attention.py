@@ -17,14 +17,15 @@ def sparse_attention(
     top_ok: torch.Tensor,
     sink: torch.Tensor,
     scale: float,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """q [T, H, D], k_swa [T, W, D], swa_ok bool [T, W], k_top [T, TOPK, D], top_ok bool
-    [T, TOPK], sink fp32 [H] -> o fp32 [T, H, D]."""
-    kv = torch.cat((k_swa, k_top), dim=1).float()  # [T, W + TOPK, D]
+    [T, TOPK], sink fp32 [H] -> o [T, H, D] computed in `dtype` (fp32 for the oracle)."""
+    kv = torch.cat((k_swa, k_top), dim=1).to(dtype)  # [T, W + TOPK, D]
     ok = torch.cat((swa_ok, top_ok), dim=1)  # [T, W + TOPK]
-    logits = torch.einsum("thd,tsd->ths", q.float(), kv) * scale  # [T, H, S]
+    logits = torch.einsum("thd,tsd->ths", q.to(dtype), kv) * scale  # [T, H, S]
     logits = logits.masked_fill(~ok[:, None, :], float("-inf"))
-    sink_col = sink.float()[None, :, None].expand(q.shape[0], -1, 1)  # [T, H, 1]
+    sink_col = sink.to(dtype)[None, :, None].expand(q.shape[0], -1, 1)  # [T, H, 1]
     full = torch.cat((logits, sink_col), dim=-1)
     p = torch.softmax(full, dim=-1)[..., :-1]  # [T, H, S]
     return torch.einsum("ths,tsd->thd", p, kv)

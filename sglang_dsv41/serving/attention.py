@@ -23,7 +23,7 @@ import torch
 
 from sglang_dsv41.config import FULL
 from sglang_dsv41.kernels import indexer as kidx
-from sglang_dsv41.kernels.indexer import ref as kidx_ref
+from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK, SparseKV
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
 from sglang_dsv41.kv.pages import slot_of
 from sglang_dsv41.serving.context import BatchContext, Rows
@@ -43,37 +43,30 @@ def page_table(ctx: BatchContext, page: int) -> torch.Tensor:
     return table
 
 
-def _indexer_fast(cfg) -> bool:
-    HI, DI = cfg.index_n_heads, cfg.index_head_dim
-    return DI % 128 == 0 and HI >= 16 and HI & (HI - 1) == 0 and cfg.candidate_block_size == 8
-
-
 def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.Tensor:
     """Index source (Full / Reindex): top-k int64 [T, TOPK] entry ids (-1 padded, order
     unspecified) of these rows; the candidate source also leaves its pool in ctx.shared."""
     cfg, i = attn.cfg, attn.layer_id
     src = cfg.source_layer_of(i)
     qI, w = attn.indexer.queries(q_lora, x, rows.pos, attn.inv_freq)
-    table = page_table(ctx, pool.page)
-    n_visible = ((rows.pos + 1) // attn.ratio).to(torch.int32)
-    Pe = pool.page // cfg.ratio(src)  # entries per page
-    args = (qI, w, pool.index_k[src], table, rows.req.to(torch.int32), n_visible, Pe)
-    K, NB, blk = cfg.index_topk, cfg.candidate_topk_blocks, cfg.candidate_block_size
-    fast = _indexer_fast(cfg)
+    kv = PagedIndexK(
+        index_k=pool.index_k[src],
+        page_table=page_table(ctx, pool.page),
+        req_ids=rows.req.to(torch.int32),
+        n_visible=((rows.pos + 1) // attn.ratio).to(torch.int32),
+        page_size=pool.page // cfg.ratio(src),  # entries per page
+        split_pages=False,
+    )
+    geo = IndexerGeometry.of(cfg)
     if cfg.uses_candidates(i):
-        cand = ctx.shared.candidates[rows.ids]
-        out = kidx.reindex(*args, cand, K) if fast else kidx_ref.reindex_ref(*args, cand, K, blk)
+        out = kidx.reindex(qI, w, kv, ctx.shared.candidates[rows.ids], geo)
     elif i == cfg.candidate_source_layer_id:
-        out, cand = (
-            kidx.candidate_source(*args, K, NB)
-            if fast
-            else kidx_ref.candidate_source_ref(*args, K, NB, blk)
-        )
-        full = torch.full((ctx.rows.n, NB), -1, dtype=torch.int32, device=qI.device)
+        out, cand = kidx.candidate_source(qI, w, kv, geo)
+        full = torch.full((ctx.rows.n, geo.pool_blocks), -1, dtype=torch.int32, device=qI.device)
         full[rows.ids] = cand.to(torch.int32)
         ctx.shared.candidates = full
     else:
-        out = kidx.full_topk(*args, K) if fast else kidx_ref.full_topk_ref(*args, K)
+        out = kidx.full_topk(qI, w, kv, geo)
     return out.long()
 
 
@@ -93,11 +86,7 @@ def attend(attn, q, topk, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Ten
         topk_slots = rows_of.view(topk.shape).to(torch.int32)  # [T, TOPK]
     return sparse_attention(
         q,
-        swa[0],
-        swa[1],
-        kv,
-        topk_slots,
-        cfg.main_kv_layout,
+        SparseKV(swa[0], swa[1], kv, topk_slots, cfg.main_kv_layout),
         attn.attn_sink,
         attn.scale,
         out_dtype=torch.float32,

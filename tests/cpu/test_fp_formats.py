@@ -15,6 +15,7 @@ from sglang_dsv41.kv.fp import (
     e4m3_decode,
     e4m3_encode,
     pack_nibbles,
+    ue8m0_ceil,
     ue8m0_decode,
     ue8m0_scale,
     unpack_nibbles,
@@ -165,6 +166,17 @@ def test_ue8m0_scale_edges():
     assert torch.isnan(scale[5:]).all()
     _, byte6 = ue8m0_scale(fp32([0.0, 3.0, 3.0000002, 6.0]), E2M1_MAX)
     assert byte6.tolist() == [112, 126, 127, 127]  # floor for fmax 6 -> 2^-15
+
+
+def test_ue8m0_ceil_rounding_and_clamps():
+    y = fp32([1.0, 1.0000001, 0.75, 2.0**-13, 1e-4, 2.0**126 * 1.5, INF, NAN])
+    _, byte = ue8m0_ceil(y)
+    # exact powers stay, anything above rounds up; inf -> 255, NaN -> 256 -> 255 (the NaN byte)
+    assert byte.tolist() == [127, 128, 127, 114, 114, 254, 255, 255]
+    scale, byte = ue8m0_ceil(y, lo=1, hi=254)  # the index-K clamp
+    assert byte.tolist() == [127, 128, 127, 114, 114, 254, 254, 254]
+    assert scale[-1].item() == 2.0**127
+    assert ue8m0_ceil(fp32([2.0**-140]), lo=1)[1].tolist() == [1]  # subnormal y: clamped up
 
 
 # ---------------------------------------------------------------- nibbles

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from sglang_dsv41.kernels.args import IndexerGeometry
 from sglang_dsv41.kernels.indexer import ref
 from sglang_dsv41.kernels.indexer import testing as tt
 from sglang_dsv41.kv.records import Layout, pack_index_k, unpack_index_k
@@ -48,7 +49,7 @@ def test_paged_scores_and_topk_match_brute_force(seed):
     assert torch.equal(torch.isinf(s), torch.isinf(brute))
     fin = torch.isfinite(brute)
     assert torch.allclose(s[fin], brute[fin], rtol=1e-5, atol=1e-3)
-    ids = ref.full_topk_ref(*a, topk=16)
+    ids = ref.full_topk_ref(*a, IndexerGeometry(topk=16, pool_blocks=0, block=8))
     assert torch.equal(ids, _brute_topk(s, 16))
     tt.check_selection(ids, _brute_topk(brute, 16), brute, tt.rounding_bound(c))
 
@@ -57,21 +58,22 @@ def test_candidate_source_brute_force_and_pool_property():
     c = tt.random_case(T=5, B=2, n_max=400, P=16, seed=3)
     a = tt.case_args(c)
     s = ref.paged_scores(*a)
-    ids, pool = ref.candidate_source_ref(*a, topk=24, pool_blocks=32)  # 32 > 24
+    geo = IndexerGeometry(topk=24, pool_blocks=32, block=8)  # 32 > 24
+    ids, pool = ref.candidate_source_ref(*a, geo)
     key = tt.block_key(s, c["n_visible"])
     tt.check_selection(pool, _brute_topk(key, 32), key, torch.zeros(5), "pool")
     for t in range(5):
         own = {int(i) // 8 for i in ids[t] if i >= 0}
         assert own <= {int(b) for b in pool[t] if b >= 0}, "pool misses the source's own top-k"
     # Reindex with the source's own queries inside its own pool gives back the source's top-k.
-    tt.check_selection(ref.reindex_ref(*a, pool, topk=24), ids, s, torch.zeros(5))
+    tt.check_selection(ref.reindex_ref(*a, pool, geo), ids, s, torch.zeros(5))
 
 
 def test_reindex_masks_outside_pool():
     c = tt.random_case(T=3, B=1, n_max=200, P=8, seed=5, n_visible=[200, 150, 9])
     a = tt.case_args(c)
     pool = torch.tensor([[0, 3, 24, -1], [18, 2, -1, -1], [1, -1, -1, -1]], dtype=torch.int32)
-    ids = ref.reindex_ref(*a, pool, topk=12)
+    ids = ref.reindex_ref(*a, pool, IndexerGeometry(topk=12, pool_blocks=0, block=8))
     s = ref.paged_scores(*a)
     allowed = [{8 * b + i for b in row if b >= 0 for i in range(8)} for row in pool.tolist()]
     key = s.clone()
@@ -95,6 +97,7 @@ def test_dequant_matches_codec():
 
 _INTERP = r"""
 import torch
+from sglang_dsv41.kernels.args import IndexerGeometry
 from sglang_dsv41.kernels.indexer import ops, ref, testing as tt
 from sglang_dsv41.kv.records import pack_index_k
 ops.TUNING["scan"].update(bn=64, tiles=8, num_warps=4)
@@ -112,14 +115,17 @@ for seed, (T, B, n, P) in enumerate([(4, 3, 300, 16), (3, 2, 45, 8)]):
         assert torch.equal(torch.isinf(out), torch.isinf(key))
         assert torch.equal(out == float("inf"), key == float("inf"))
         assert ((out[fin] - key[fin]).abs() <= tol[:, None].expand_as(key)[fin]).all()
-    tt.check_selection(ops.full_topk(*a, topk=20), ref.full_topk_ref(*a, topk=20), s, tol)
+    g20 = IndexerGeometry(topk=20, pool_blocks=0, block=8)
+    tt.check_selection(ops.full_topk(*a, g20), ref.full_topk_ref(*a, g20), s, tol)
     for topk, nb in ((16, 8), (16, 2)):
-        ids, pool = ops.candidate_source(*a, topk=topk, pool_blocks=nb)
-        rids, rpool = ref.candidate_source_ref(*a, topk=topk, pool_blocks=nb)
+        geo = IndexerGeometry(topk=topk, pool_blocks=nb, block=8)
+        ids, pool = ops.candidate_source(*a, geo)
+        rids, rpool = ref.candidate_source_ref(*a, geo)
         tt.check_selection(ids, rids, s, tol)
         tt.check_selection(pool, rpool, tt.block_key(s, c["n_visible"]), tol, "pool")
-    r = ops.reindex(*a, rpool, topk=16)
-    tt.check_selection(r, ref.reindex_ref(*a, rpool, topk=16), tt.pool_key(s, rpool), tol)
+    g16 = IndexerGeometry(topk=16, pool_blocks=0, block=8)
+    r = ops.reindex(*a, rpool, g16)
+    tt.check_selection(r, ref.reindex_ref(*a, rpool, g16), tt.pool_key(s, rpool), tol)
 pos = torch.tensor(list(range(300, 310)) + list(range(50, 55)))  # grouped prefill, ratio 2
 c = tt.random_case(15, 2, 160, 16, seed=3, lengths=[160, 160], n_visible=(pos + 1) // 2)
 c["req_ids"] = torch.tensor([1] * 10 + [0] * 5, dtype=torch.int32)
@@ -167,8 +173,10 @@ def test_dispatch_on_cpu_runs_the_reference(monkeypatch):
 
     c = tt.random_case(T=3, B=2, n_max=120, P=8, seed=9)
     a = tt.case_args(c)
-    assert torch.equal(indexer.full_topk(*a, topk=16, group=2), ref.full_topk_ref(*a, topk=16))
-    ids, pool = indexer.candidate_source(*a, topk=16, pool_blocks=4)
-    rids, rpool = ref.candidate_source_ref(*a, topk=16, pool_blocks=4)
+    geo = IndexerGeometry(topk=16, pool_blocks=4, block=8)
+    assert torch.equal(indexer.full_topk(*a, geo, group=2), ref.full_topk_ref(*a, geo))
+    ids, pool = indexer.candidate_source(*a, geo)
+    rids, rpool = ref.candidate_source_ref(*a, geo)
     assert torch.equal(ids, rids) and torch.equal(pool, rpool)
-    assert torch.equal(indexer.reindex(*a, pool, topk=8), ref.reindex_ref(*a, pool, topk=8))
+    g8 = IndexerGeometry(topk=8, pool_blocks=4, block=8)
+    assert torch.equal(indexer.reindex(*a, pool, g8), ref.reindex_ref(*a, pool, g8))

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from sglang_dsv41.kv.fp import AMAX_FLOOR, E2M1_GRID, e4m3_decode
+from sglang_dsv41.kv.fp import E2M1_GRID, SCALE_FLOOR, e4m3_decode
 from sglang_dsv41.kv.records import (
     Layout,
     fake_quant,
@@ -154,8 +154,8 @@ def test_index_k_hand_built_bytes():
     x = padded([3.0, -1.5, 0.125, 0.375, 1.25, 1.75, 2.5, 0.2], 32)
     x[31] = -0.0
     # 6 (7), -3 (D), tie 0.25 -> 0, tie 0.75 -> 1 (2), tie 2.5 -> 2 (4), tie 3.5 -> 4 (6),
-    # tie 5 -> 4 (6), 0.4 -> 0.5 (1); last pair (0, -0) -> 0x80
-    want = [0xD7, 0x20, 0x64, 0x16] + [0] * 11 + [0x80, 126]
+    # tie 5 -> 4 (6), 0.4 -> 0.5 (1); last pair (0, -0) -> 0x00: index K writes +0 for zeros
+    want = [0xD7, 0x20, 0x64, 0x16] + [0] * 11 + [0x00, 126]
     rec = pack_index_k(x)
     assert rec.tolist() == u8(want)
     y = unpack_index_k(rec)
@@ -183,7 +183,7 @@ E4M3_GRID = [e4m3_decode(torch.tensor([c], dtype=torch.uint8)).item() for c in r
 
 def brute_force_decode(layout: Layout, x: torch.Tensor) -> torch.Tensor:
     """Per tile, per value, with Python floats: the scale rule, then nearest-with-ties on the
-    grid."""
+    grid (index K: +0 for what rounds to zero)."""
     out = []
     tile = TILE[layout]
     for row in x.reshape(-1, tile).tolist():
@@ -193,12 +193,16 @@ def brute_force_decode(layout: Layout, x: torch.Tensor) -> torch.Tensor:
             scale = nearest_on(E4M3_GRID, min(max(s, 2.0**-9), 448.0))
         else:
             fmax = 448.0 if layout is Layout.V41 else 6.0
-            y = float(torch.tensor(max(amax, AMAX_FLOOR), dtype=torch.float32) / fmax)
+            y = float(torch.tensor(amax, dtype=torch.float32) / fmax)  # the fp32 division
+            y = max(y, float(torch.tensor(SCALE_FLOOR, dtype=torch.float32)))
             m, e = math.frexp(y)
             scale = math.ldexp(1.0, e - 1 if m == 0.5 else e)
         grid = E4M3_GRID if layout is Layout.V41 else list(E2M1_GRID)
         q = torch.tensor(row, dtype=torch.float32) / scale  # the fp32 division
-        out.extend(nearest_on(grid, v) * scale for v in q.tolist())
+        vals = [nearest_on(grid, v) for v in q.tolist()]
+        if layout is Layout.INDEX_K:
+            vals = [v if v != 0 else 0.0 for v in vals]  # -0.0 == 0 -> +0.0
+        out.extend(v * scale for v in vals)
     return torch.tensor(out, dtype=torch.float32).reshape(x.shape)
 
 
@@ -235,8 +239,8 @@ def test_fake_quant_bit_identical(layout):
 # ---------------------------------------------------------------- special tiles
 
 
-SCALE_NAN = {Layout.V41: 0xFF, Layout.V41_FP4: 0x7F, Layout.INDEX_K: 0xFF}
-ZERO_SCALE = {Layout.V41: 105, Layout.V41_FP4: 0x01, Layout.INDEX_K: 112}
+ZERO_SCALE = {Layout.V41: 114, Layout.V41_FP4: 0x01, Layout.INDEX_K: 114}
+NEG_ZERO = {Layout.V41: 0x80, Layout.V41_FP4: 0x88, Layout.INDEX_K: 0x00}  # index K drops the sign
 
 
 @pytest.mark.parametrize("layout", list(Layout))
@@ -247,31 +251,71 @@ def test_all_zero_tiles(layout):
     nv = value_bytes(layout, 64)
     n_scales = 64 // TILE[layout]
     assert rec[0].tolist() == [0] * nv + [ZERO_SCALE[layout]] * n_scales
-    neg_zero = 0x80 if layout is Layout.V41 else 0x88
-    assert rec[1].tolist() == [neg_zero] * nv + [ZERO_SCALE[layout]] * n_scales
+    assert rec[1].tolist() == [NEG_ZERO[layout]] * nv + [ZERO_SCALE[layout]] * n_scales
     y = unpack(layout, rec)
-    assert not y.any() and torch.signbit(y[1]).all() and not torch.signbit(y[0]).any()
+    assert not y.any() and not torch.signbit(y[0]).any()
+    assert torch.signbit(y[1]).all() == (layout is not Layout.INDEX_K)
 
 
-@pytest.mark.parametrize("layout", list(Layout))
-@pytest.mark.parametrize("bad", [NAN, INF, -INF])
-def test_non_finite_poisons_only_its_tile(layout, bad):
+def _bad_tile(layout, bad, where, seed):
+    """x fp32 [64] with `bad` at position `where` of tile 1, and the tile's slice."""
     tile = TILE[layout]
-    nv = value_bytes(layout, 64)
-    for where in range(0, tile, 5):  # the bad value at several places of tile 1
-        x = torch.randn(64)
-        x[tile + where] = bad
-        rec = pack(layout, x)
-        scales = rec[nv:].tolist()
-        assert scales[1] == SCALE_NAN[layout] and SCALE_NAN[layout] not in scales[:1] + scales[2:]
-        if layout is Layout.V41:
-            assert rec[tile : 2 * tile].tolist() == [0x7F] * tile
-        else:
-            assert rec[tile // 2 : tile].tolist() == [0] * (tile // 2)
-        y = unpack(layout, rec)
-        assert torch.isnan(y[tile : 2 * tile]).all()
-        assert torch.isfinite(y[:tile]).all() and torch.isfinite(y[2 * tile :]).all()
-        assert same_bits(fake_quant(layout, x), y)
+    x = torch.randn(64, generator=torch.Generator().manual_seed(seed))
+    x[tile + where] = bad
+    return x, slice(tile, 2 * tile)
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -INF])
+def test_v41_non_finite_poisons_only_its_tile(bad):
+    for where in range(0, 32, 5):
+        x, t = _bad_tile(Layout.V41, bad, where, where)
+        rec = pack_v41(x)
+        assert rec[64:].tolist()[1] == 0xFF and 0xFF not in rec[64:].tolist()[::2]
+        if math.isnan(bad):
+            assert rec[t].tolist() == [0x7F] * 32
+        else:  # SGLang's writer divides by amax / 448 = inf: finite values -> +-0, inf -> NaN
+            want = [0x7F if not math.isfinite(v) else (0x80 if v < 0 else 0) for v in x[t].tolist()]
+            assert rec[t].tolist() == want
+        y = unpack_v41(rec)
+        assert torch.isnan(y[t]).all() and torch.isfinite(y[:32]).all()
+        assert same_bits(fake_quant(Layout.V41, x), y)
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -INF])
+def test_v41_fp4_non_finite_tile(bad):
+    for where in range(0, 16, 5):
+        x, t = _bad_tile(Layout.V41_FP4, bad, where, where)
+        rec = pack_v41_fp4(x)
+        scales = rec[32:].tolist()
+        y = unpack_v41_fp4(rec)
+        if math.isnan(bad):  # the NaN scale 0x7F, codes 0: the tile decodes to NaN
+            assert scales[1] == 0x7F and 0x7F not in scales[:1] + scales[2:]
+            assert rec[8:16].tolist() == [0] * 8 and torch.isnan(y[t]).all()
+        else:  # inf saturates: scale 448 (0x7E), the inf value at +-6 * 448
+            assert scales[1] == 0x7E
+            assert y[16 + where].item() == math.copysign(2688.0, bad) and torch.isfinite(y).all()
+        assert torch.isfinite(y[:16]).all() and torch.isfinite(y[32:]).all()
+        assert same_bits(fake_quant(Layout.V41_FP4, x), y)
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -INF])
+def test_index_k_non_finite_tile(bad):
+    for where in range(0, 32, 5):
+        x, t = _bad_tile(Layout.INDEX_K, bad, where, where)
+        rec = pack_index_k(x)
+        y = unpack_index_k(rec)
+        rest = torch.cat((x[:32], x[64:]))
+        assert same_bits(torch.cat((y[:32], y[64:])), fake_quant(Layout.INDEX_K, rest))
+        if math.isnan(bad):  # written as +6; the scale comes from the tile's other values
+            clean = x.clone()
+            clean[32 + where] = 0.0
+            assert rec[33].item() == pack_index_k(clean)[33].item()
+            assert y[32 + where].item() == 6 * 2.0 ** (rec[33].item() - 127)
+        else:  # inf: byte 254 (scale 2^127), inf -> +-6 -> +-inf; the tile's rest rounds to +0
+            assert rec[33].item() == 254 and y[32 + where].item() == bad
+            others = torch.cat((y[32 : 32 + where], y[33 + where : 64]))
+            assert not others.any() and not torch.signbit(others).any()
+        assert same_bits(fake_quant(Layout.INDEX_K, x), y)
 
 
 @pytest.mark.parametrize("layout", [Layout.V41, Layout.INDEX_K])
@@ -288,9 +332,10 @@ def test_largest_finite_values_stay_finite(layout):
 
 def test_tiny_tiles():
     tiny = torch.full((32,), 1e-6)
-    # UE8M0 layouts floor amax at 1e-4: V41 keeps 1e-6 (scale 2^-22, 1e-6 / 2^-22 = 4.19 -> 4)
+    # UE8M0 layouts floor amax / fmax at 1e-4 (scale 2^-13): V41 keeps 1e-6 as an e4m3
+    # subnormal (1e-6 / 2^-13 = 0.0082 = 4.19 * 2^-9 -> 4 * 2^-9)
     assert unpack_v41(pack_v41(tiny)).unique().tolist() == [4 * 2.0**-22]
-    # index K (scale 2^-15): 1e-6 / 2^-15 = 0.033 -> flushed to zero
+    # index K (scale 2^-13): 1e-6 / 2^-13 = 0.0082 -> flushed to zero
     assert not unpack_index_k(pack_index_k(tiny)).any()
     # V41_FP4 floors the scale at 2^-9 (e4m3 byte 0x01): 1e-3 / 2^-9 = 0.512 -> 0.5
     rec = pack_v41_fp4(torch.full((32,), 1e-3))

@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+from sglang_dsv41.kernels.args import SparseKV
+
 from sglang_dsv41.kernels.sparse_attn import (
     entry_slots,
     sparse_attention,
@@ -56,7 +58,9 @@ def test_reference_vs_brute_force(layout, with_sink):
     q, swa, sw, kv, tk = _case(layout=layout)
     sink = torch.randn(q.shape[1]) if with_sink else None
     scale = q.shape[-1] ** -0.5
-    ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, scale, torch.float64, chunk=3)
+    ref = sparse_attention_ref(
+        q, SparseKV(swa, sw, kv, tk, layout), sink, scale, torch.float64, chunk=3
+    )
     torch.testing.assert_close(
         ref, _brute(q, swa, sw, kv, tk, layout, sink, scale), rtol=1e-5, atol=1e-6
     )
@@ -65,7 +69,9 @@ def test_reference_vs_brute_force(layout, with_sink):
 
 def test_sink_lowers_the_mass():
     q, swa, sw, kv, tk = _case()
-    o0 = sparse_attention_ref(q, swa, sw, kv, tk, Layout.V41_FP4, None, None, torch.float32)
+    o0 = sparse_attention_ref(
+        q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), None, None, torch.float32
+    )
     big = sparse_attention_ref(
         q, swa, sw, kv, tk, Layout.V41_FP4, torch.full((3,), 60.0), None, torch.float32
     )
@@ -74,8 +80,10 @@ def test_sink_lowers_the_mass():
 
 def test_swa_only_and_dispatch_on_cpu():
     q, swa, sw, kv, tk = _case()
-    a = sparse_attention(q, swa, sw, None, None, out_dtype=torch.float32)
-    b = sparse_attention_ref(q, swa, sw, None, None, out_dtype=torch.float32)
+    a = sparse_attention(q, SparseKV(swa, sw, None, None, Layout.V41_FP4), out_dtype=torch.float32)
+    b = sparse_attention_ref(
+        q, SparseKV(swa, sw, None, None, Layout.V41_FP4), out_dtype=torch.float32
+    )
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -135,7 +143,9 @@ def test_triton_kernel_variants_interpreted(H):
             tk[1, 5:] = -1
             tk[2] = -1
             sink = torch.randn(2 * H)[H:] if "num_splits" in launch else None
-            ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32)
+            ref = sparse_attention_ref(
+                q, SparseKV(swa, sw, kv, tk, layout), sink, None, torch.float32
+            )
             out = torch.full((T, H, D), float("nan"))
             tri.sparse_attention(
                 q, swa, sw, kv, tk, layout is Layout.V41_FP4, sink, D**-0.5, out,

@@ -8,11 +8,13 @@ padding and visibility exact (kernels/indexer/testing.py).
 import pytest
 import torch
 
+from sglang_dsv41.kernels.args import IndexerGeometry
 from sglang_dsv41.kernels.indexer import ref
 from sglang_dsv41.kernels.indexer import testing as tt
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
+FLASH = IndexerGeometry(topk=512, pool_blocks=2048, block=8)  # V4.1-Flash's sizes
 # (T, B, n_max, P, seed): decode batches, a partial last page, tiny and empty rows.
 CASES = [
     (1, 1, 20000, 64, 1),
@@ -52,9 +54,9 @@ def test_full_topk(T, B, n_max, P, seed):
     c = _case(T, B, n_max, P, seed)
     a = tt.case_args(c)
     scores = ref.paged_scores(*a)
-    ids = _ops().full_topk(*a, topk=512)
+    ids = _ops().full_topk(*a, FLASH)
     assert ids.shape == (T, 512) and ids.dtype == torch.int32
-    tt.check_selection(ids, ref.full_topk_ref(*a, topk=512), scores, tt.rounding_bound(c))
+    tt.check_selection(ids, ref.full_topk_ref(*a, FLASH), scores, tt.rounding_bound(c))
 
 
 def test_full_topk_prefill_ratio2():
@@ -63,9 +65,9 @@ def test_full_topk_prefill_ratio2():
     c = _case(64, 1, 1532, 64, 7, lengths=[1532], n_visible=(pos + 1) // 2)
     c["req_ids"].zero_()
     a = tt.case_args(c)
-    ids = _ops().full_topk(*a, topk=512)
+    ids = _ops().full_topk(*a, FLASH)
     tt.check_selection(
-        ids, ref.full_topk_ref(*a, topk=512), ref.paged_scores(*a), tt.rounding_bound(c)
+        ids, ref.full_topk_ref(*a, FLASH), ref.paged_scores(*a), tt.rounding_bound(c)
     )
 
 
@@ -76,8 +78,9 @@ def test_candidate_source(T, B, n_max, P, seed, topk, pool_blocks):
     a = tt.case_args(c)
     scores = ref.paged_scores(*a)
     tol = tt.rounding_bound(c)
-    ids, pool = _ops().candidate_source(*a, topk=topk, pool_blocks=pool_blocks)
-    rids, rpool = ref.candidate_source_ref(*a, topk=topk, pool_blocks=pool_blocks)
+    geo = IndexerGeometry(topk=topk, pool_blocks=pool_blocks, block=8)
+    ids, pool = _ops().candidate_source(*a, geo)
+    rids, rpool = ref.candidate_source_ref(*a, geo)
     assert pool.shape == (T, pool_blocks) and pool.dtype == torch.int32
     tt.check_selection(ids, rids, scores, tol)
     tt.check_selection(pool, rpool, tt.block_key(scores, c["n_visible"]), tol, "pool")
@@ -91,22 +94,27 @@ def test_reindex(T, B, n_max, P, seed):
     c = _case(T, B, n_max, P, seed)
     a = tt.case_args(c)
     src = tt.random_case(T, B, n_max, P, device="cuda", seed=seed + 100)  # another layer's queries
-    pool = ref.candidate_source_ref(src["qI"], src["w"], *a[2:], topk=512, pool_blocks=256)[1]
-    ids = _ops().reindex(*a, pool, topk=512)
-    rids = ref.reindex_ref(*a, pool, topk=512)
+    geo = IndexerGeometry(topk=512, pool_blocks=256, block=8)
+    pool = ref.candidate_source_ref(src["qI"], src["w"], a[2], geo)[1]
+    ids = _ops().reindex(*a, pool, geo)
+    rids = ref.reindex_ref(*a, pool, geo)
     key = tt.pool_key(ref.paged_scores(*a), pool)
     tt.check_selection(ids, rids, key, tt.rounding_bound(c), "reindex")
 
 
 def test_dispatch_uses_triton():
     from sglang_dsv41.kernels import indexer
-    from sglang_dsv41.kernels.dispatch import use_triton
+    from sglang_dsv41.kernels.dispatch import Path, device_paths
 
     c = _case(2, 2, 5000, 64, 9)
     a = tt.case_args(c)
-    assert use_triton(c["qI"].device) == (torch.cuda.get_device_capability() >= (9, 0))
+    has = Path.TRITON in device_paths(c["qI"].device)
+    assert has == (torch.cuda.get_device_capability() >= (9, 0))
     tt.check_selection(
-        indexer.full_topk(*a), ref.full_topk_ref(*a), ref.paged_scores(*a), tt.rounding_bound(c)
+        indexer.full_topk(*a, FLASH),
+        ref.full_topk_ref(*a, FLASH),
+        ref.paged_scores(*a),
+        tt.rounding_bound(c),
     )
 
 
@@ -151,8 +159,10 @@ def test_grouped_prefill_scan(group, force):
     assert torch.equal(out == float("inf"), key == float("inf"))
     fin = torch.isfinite(key)
     assert ((out[fin] - key[fin]).abs() <= tol[:, None].expand_as(key)[fin]).all()
-    tt.check_selection(ops.full_topk(*a, topk=512, group=group), ref.full_topk_ref(*a), scores, tol)
-    ids, pool = ops.candidate_source(*a, topk=512, pool_blocks=2048, group=group)
-    rids, rpool = ref.candidate_source_ref(*a, topk=512, pool_blocks=2048)
+    tt.check_selection(
+        ops.full_topk(*a, FLASH, group=group), ref.full_topk_ref(*a, FLASH), scores, tol
+    )
+    ids, pool = ops.candidate_source(*a, FLASH, group=group)
+    rids, rpool = ref.candidate_source_ref(*a, FLASH)
     tt.check_selection(ids, rids, scores, tol)
     tt.check_selection(pool, rpool, tt.block_key(scores, c["n_visible"]), tol, "pool")

@@ -4,7 +4,7 @@ reference."""
 import pytest
 import torch
 
-from sglang_dsv41.kernels.dispatch import device_capability, use_triton
+from sglang_dsv41.kernels.dispatch import Path, device_capability, device_paths
 from sglang_dsv41.kernels.kv_store import rope_cos_sin, store_records
 from sglang_dsv41.kernels.kv_store.ref import store_records_ref
 from sglang_dsv41.kv.records import Layout, record_bytes
@@ -40,7 +40,7 @@ def _rows(T, D, dtype, nan):
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("rope", ["none", "inv_freq", "table"])
 def test_store_bytes_equal_codec(layout, D, R, dtype, norm, rope):
-    assert use_triton(DEV)
+    assert Path.TRITON in device_paths(DEV)
     T, P, pages = 333, 64, 8
     x = _rows(T, D, dtype, nan=dtype == torch.float32)
     w = torch.rand(D, device=DEV) + 0.5 if norm else None
@@ -92,3 +92,18 @@ def test_store_graph_capturable():
     want = torch.empty_like(pool)
     store_records(x, want, slots, Layout.V41, norm_weight=w, pos=pos, inv_freq=inv)
     assert torch.equal(pool, want)
+
+
+@pytest.mark.parametrize("P", [64, 128])
+def test_index_k_into_split_pages(P):
+    """Split pages (SGLang's index-K page, what DeepGEMM reads on SM100): the bytes of the torch
+    store, unwritten slots untouched."""
+    T, pages = 700, 8
+    x = _rows(T, 128, torch.float32, nan=True)
+    slots = torch.randperm(pages * P, device=DEV)[:T]
+    slots[::13] = -1
+    got = torch.full((pages, P * 68), POISON, dtype=torch.uint8, device=DEV)
+    want = got.clone()
+    store_records(x, got, slots, Layout.INDEX_K, split_page=P)
+    store_records_ref(x, want, slots, Layout.INDEX_K, split_page=P)
+    assert torch.equal(got, want)

@@ -10,6 +10,8 @@ each kernel variant the plan can choose (`triton.variants_for`), with this rank'
 import pytest
 import torch
 
+from sglang_dsv41.kernels.args import SparseKV
+
 from sglang_dsv41.kernels.dispatch import device_capability
 from sglang_dsv41.kernels.kv_store import store_records
 from sglang_dsv41.kernels.sparse_attn import (
@@ -65,12 +67,12 @@ def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0, rank=1):
 
 
 def _check(q, swa, sw, kv, tk, layout, sink, **launch):
-    ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32)
+    ref = sparse_attention_ref(q, SparseKV(swa, sw, kv, tk, layout), sink, None, torch.float32)
     bf = sparse_attention_ref(
         q, swa, sw, kv, tk, layout, sink, None, torch.float32, compute_dtype=torch.bfloat16
     )
     out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
-    sparse_attention(q, swa, sw, kv, tk, layout, sink, out=out, **launch)
+    sparse_attention(q, SparseKV(swa, sw, kv, tk, layout), sink, out=out, **launch)
     assert torch.isfinite(out).all()
     err = ((out - ref).norm() / ref.norm()).item()
     err_bf = ((bf - ref).norm() / ref.norm()).item()
@@ -142,8 +144,10 @@ def test_splits_and_tiles_agree(layout, block_h, block_n, num_warps, num_splits)
 
 def test_small_head_dim_no_sink_bf16_out():
     q, swa, sw, kv, tk, _ = make_case(9, 8, 64, 16, 32, Layout.V41_FP4)
-    ref = sparse_attention_ref(q, swa, sw, kv, tk, Layout.V41_FP4, None, None, torch.float32)
-    out = sparse_attention(q, swa, sw, kv, tk, Layout.V41_FP4, None)
+    ref = sparse_attention_ref(
+        q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), None, None, torch.float32
+    )
+    out = sparse_attention(q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), None)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
@@ -151,8 +155,12 @@ def test_small_head_dim_no_sink_bf16_out():
 @pytest.mark.parametrize("H", [8, 64])
 def test_swa_only_layer(H):
     q, swa, sw, kv, tk, sink = make_case(6, H, 512, 128, 16, Layout.V41_FP4)
-    ref = sparse_attention_ref(q, swa, sw, None, None, Layout.V41_FP4, sink, None, torch.float32)
-    out = sparse_attention(q, swa, sw, None, None, attn_sink=sink, out_dtype=torch.float32)
+    ref = sparse_attention_ref(
+        q, SparseKV(swa, sw, None, None, Layout.V41_FP4), sink, None, torch.float32
+    )
+    out = sparse_attention(
+        q, SparseKV(swa, sw, None, None, Layout.V41_FP4), attn_sink=sink, out_dtype=torch.float32
+    )
     assert ((out - ref).norm() / ref.norm()).item() < 1e-2
 
 
@@ -161,13 +169,15 @@ def test_swa_only_layer(H):
 def test_decode_graph_capture(H, T):
     q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, Layout.V41_FP4)
     out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=DEV)
-    sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out)  # compile
+    sparse_attention(
+        q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), attn_sink=sink, out=out
+    )  # compile
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out)
+        sparse_attention(q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), attn_sink=sink, out=out)
     q.copy_(torch.randn_like(q))
     g.replay()
-    want = sparse_attention(q, swa, sw, kv, tk, attn_sink=sink)
+    want = sparse_attention(q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), attn_sink=sink)
     assert torch.equal(out, want)
 
 
@@ -181,13 +191,17 @@ def test_prefill_routes_graph_capture(H, variant):
     q, swa, sw, kv, tk, sink = make_case(40, H, 512, 128, 512, Layout.V41_FP4)
     launch = tri.variants_for(H)[variant]
     out = torch.empty(40, H, 512, dtype=torch.bfloat16, device=DEV)
-    sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out, **launch)
+    sparse_attention(
+        q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), attn_sink=sink, out=out, **launch
+    )
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, out=out, **launch)
+        sparse_attention(
+            q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), attn_sink=sink, out=out, **launch
+        )
     q.copy_(torch.randn_like(q))
     g.replay()
-    want = sparse_attention(q, swa, sw, kv, tk, attn_sink=sink, **launch)
+    want = sparse_attention(q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), attn_sink=sink, **launch)
     assert torch.equal(out, want)
 
 
@@ -202,7 +216,7 @@ def test_exact_path_fp32_q(layout, H, D, T):
     """
     q, swa, sw, kv, tk, sink = make_case(T, H, D, 16 if D < 512 else 128, 64, layout, floor_every=3)
     q = torch.randn(T, H, D, device=DEV)
-    ref = sparse_attention_ref(q, swa, sw, kv, tk, layout, sink, None, torch.float32)
+    ref = sparse_attention_ref(q, SparseKV(swa, sw, kv, tk, layout), sink, None, torch.float32)
     for splits in (1, 3):
         out = sparse_attention(
             q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, num_splits=splits
