@@ -29,11 +29,10 @@ import sys
 import time
 
 import torch
-
-from sglang_dsv41.kernels.args import SparseKV
 import triton
 import triton.language as tl
 
+from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
 from sglang_dsv41.kernels.sparse_attn import triton as sa
 from sglang_dsv41.kernels.sparse_attn.triton_kernel import _step

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from sglang_dsv41.kernels.args import SparseKV
-
 from sglang_dsv41.kernels.sparse_attn import (
     entry_slots,
     sparse_attention,

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from sglang_dsv41.kernels.args import SparseKV
-
 from sglang_dsv41.kernels.dispatch import device_capability
 from sglang_dsv41.kernels.kv_store import store_records
 from sglang_dsv41.kernels.sparse_attn import (
