@@ -72,14 +72,16 @@ def test_sink_lowers_the_mass():
         q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), None, None, torch.float32
     )
     big = sparse_attention_ref(
-        q, swa, sw, kv, tk, Layout.V41_FP4, torch.full((3,), 60.0), None, torch.float32
+        q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), torch.full((3,), 60.0), None, torch.float32
     )
     assert o0[0].abs().sum() > 0 and big.abs().max() < 1e-12
 
 
 def test_swa_only_and_dispatch_on_cpu():
     q, swa, sw, kv, tk = _case()
-    a = sparse_attention(q, SparseKV(swa, sw, None, None, Layout.V41_FP4), out_dtype=torch.float32)
+    a = sparse_attention(
+        q, SparseKV(swa, sw, None, None, Layout.V41_FP4), None, out_dtype=torch.float32
+    )
     b = sparse_attention_ref(
         q, SparseKV(swa, sw, None, None, Layout.V41_FP4), out_dtype=torch.float32
     )
