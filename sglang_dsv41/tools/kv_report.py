@@ -1,6 +1,6 @@
 """Resident KV memory of a V4.1 model, per token and per request, by layer.
 
-    python -m sglang_dsv41.tools.kv_report (--model DIR | --preset NAME) [--json]
+    python -m sglang_dsv41.tools.kv_report (--model DIR | --preset NAME) [--json] [--plot PNG]
 
 Global state (per token, kept for the whole context): each kv source keeps one main-KV record
 and one index-K record per compressed entry, 1/ratio entries per token; Reuse / Reindex layers
@@ -12,6 +12,10 @@ SGLang, vLLM and FlashMLA use on Hopper), index K unchanged.
 Also shown: what the `dsv41` serving pool allocates: per token slot the global state plus the
 SWA records of the layers whose SWA lives in slots (encoder layers with replay on, every layer
 with replay off), and per request the decoder SWA rings (docs/serving.md).
+--plot writes resident bytes against context length (8K .. 1M) for this package and upstream's
+V4 layout, and what fits next to the weights per GPU at TP8 / DP8 on 8xH200 and 8xB200
+(tools/kv_capacity.py says how); --json then carries the same numbers under "capacity".
+Byte figures come from the one byte calculator (`kv_capacity.pool_geometry`).
 """
 
 from __future__ import annotations
@@ -21,21 +25,13 @@ import json
 import sys
 
 from sglang_dsv41.config import DeepseekV41Config, preset
-from sglang_dsv41.kv.records import Layout, record_bytes
-
-
-def v4_record_bytes(dim: int, rope: int) -> int:
-    """V4's record: (D - R) e4m3 + R bf16 RoPE dims + one scale byte per 64 e4m3 values, padded
-    to 8 bytes: 448 + 128 + 7 -> 584 at D = 512, R = 64."""
-    raw = (dim - rope) + 2 * rope + -(-(dim - rope) // 64)
-    return -(-raw // 8) * 8
+from sglang_dsv41.tools.kv_capacity import pool_geometry, v4_record_bytes
 
 
 def report(cfg: DeepseekV41Config) -> dict:
-    main_layout = Layout.V41_FP4 if cfg.kv_cache_dtype_main == "fp4" else Layout.V41
-    main_b = record_bytes(main_layout, cfg.head_dim)
-    index_b = record_bytes(Layout.INDEX_K, cfg.index_head_dim)
-    swa_b = record_bytes(Layout.V41, cfg.head_dim)
+    g = pool_geometry(cfg)
+    main_layout = "V41_FP4" if cfg.kv_cache_dtype_main == "fp4" else "V41"
+    main_b, index_b, swa_b = g.main_record, g.index_record, g.swa_record
     W, L = cfg.sliding_window, cfg.num_hidden_layers
     v4_b = v4_record_bytes(cfg.head_dim, cfg.qk_rope_head_dim)
     layers, total, total_v4 = [], 0.0, 0.0
@@ -59,16 +55,16 @@ def report(cfg: DeepseekV41Config) -> dict:
         )
     return {
         "records": {
-            "main_kv": main_layout.name,
+            "main_kv": main_layout,
             "main_kv_bytes": main_b,
             "index_k_bytes": index_b,
             "swa_bytes": swa_b,
             "v4_record_bytes": v4_b,
         },
         "layers": layers,
-        "global_bytes_per_token": total,
+        "global_bytes_per_token": g.global_bytes_per_token(),
         "v4_global_bytes_per_token": total_v4,
-        "swa_bytes_per_request": swa_b * W * L,
+        "swa_bytes_per_request": g.swa_bytes_per_window(),
         "v4_swa_bytes_per_request": v4_b * W * L,
         "cpu_pool_bytes_per_token_slot": int(total + swa_b * cfg.decoder_start + 0.999),
         "cpu_pool_ring_bytes_per_request": swa_b * W * (L - cfg.decoder_start),
@@ -114,11 +110,38 @@ def main(argv=None) -> int:
     src.add_argument("--model", help="checkpoint directory (config.json)")
     src.add_argument("--preset", help="tiny | small | flash")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--plot", metavar="PNG", help="write the capacity plot (8K .. 1M tokens)")
+    ap.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=None,
+        help="per-GPU memory kept for activations and graphs in the capacity figures (16)",
+    )
     args = ap.parse_args(argv)
     cfg = DeepseekV41Config.from_hf(args.model) if args.model else preset(args.preset)
+    name = args.model or args.preset
     rep = report(cfg)
-    print(json.dumps(rep, indent=1) if args.json else _text(rep, args.model or args.preset))
+    if args.json or args.plot:
+        rep["capacity"] = _capacity(cfg, args.preset, args.reserve_gib)
+    if args.plot:
+        from sglang_dsv41.tools.kv_plot import plot_capacity
+
+        plot_capacity(rep["capacity"], args.plot, title=f"{name}: resident KV and capacity")
+    print(json.dumps(rep, indent=1) if args.json else _text(rep, name))
     return 0
+
+
+def _capacity(cfg: DeepseekV41Config, preset_name, reserve_gib) -> dict:
+    from sglang_dsv41.tools.kv_capacity import capacity_report
+
+    weights_cfg = None
+    if preset_name == "flash":
+        # The flash preset is the attention geometry; the released checkpoint's weights also
+        # hold its two Engram tables (~189 GiB), which count against the KV budget.
+        from sglang_dsv41.weights.release_config import flash_text_config
+
+        weights_cfg = DeepseekV41Config.from_dict(flash_text_config())
+    return capacity_report(cfg, weights_cfg, reserve_gib)
 
 
 if __name__ == "__main__":
