@@ -1,5 +1,5 @@
 """recall_report's PNG, drawn from its report dict alone: one panel per metric against context
-length. A panel with up to 6 layers draws each; with more, the mean per (role, half of the
+length (log-log). A panel with up to 6 layers draws each; with more, the mean per (role, half of the
 stack) with the min..max over those layers shaded."""
 
 from __future__ import annotations
@@ -67,11 +67,12 @@ def plot_recall(rep: dict, path: str) -> None:
                     alpha=0.4 + 0.3 * (ratio == 1),
                     label=f"chance (ratio {ratio})",
                 )
-        if name == "pool_recall":
+        if name == "pool_recall" and ctx[0] <= g["pool_positions"] <= ctx[-1]:
             ax.axvline(g["pool_positions"], color="grey", ls=":", lw=1)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ctx, [str(c) for c in ctx])
-        ax.set_ylim(0, 1.05)
+        ax.set_yscale("log")  # chance falls as 1 / context: log keeps both readable
+        ax.set_ylim(top=1.2)
         ax.set_xlabel("context length (tokens)")
         ax.set_title(title, fontsize=10)
         ax.grid(True, alpha=0.3)
