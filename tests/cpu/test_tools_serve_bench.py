@@ -61,6 +61,7 @@ def test_sweep_and_compare(server, tmp_path):
     prompts.write_text("The quick brown fox.\n\nA second paragraph of text, longer than the first.")
     out_b = tmp_path / "b"
     one = ["--url", server.url, "--concurrency", "1", "--input-len", "24", "--output-len", "3"]
+    one += ["--rounds", "1"]
     _bench(
         *one, "--min-prompts", "3", "--prompts", str(prompts), "--label", "B", "--out", str(out_b)
     )
