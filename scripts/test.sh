@@ -10,6 +10,11 @@ ruff="$(cat "$here/.venv/.shared")/bin/ruff"  # the shared environment's (requir
 echo "[test] ruff check + ruff format --check" >&2
 "$ruff" check .
 "$ruff" format --check .
+echo "[test] hadolint docker/Dockerfile*; compose file" >&2
+"$(cat "$here/.venv/.shared")/bin/hadolint" docker/Dockerfile docker/Dockerfile.cpu
+if docker compose version >/dev/null 2>&1; then
+  docker compose -f docker/compose.yaml --profile gpu config -q
+fi  # without the compose plugin, tests/cpu/test_tools_docker.py checks the file's schema
 set +e
 "$py" -m pytest -q -p no:cacheprovider ${@:-tests/cpu tests/e2e}
 rc=$?

@@ -69,11 +69,17 @@ class ReferenceModel(nn.Module):
 
     @torch.no_grad()
     def forward(
-        self, input_ids: torch.Tensor, replay_floor: int = 0, capture: dict | None = None
+        self,
+        input_ids: torch.Tensor,
+        replay_floor: int = 0,
+        capture: dict | None = None,
+        shared: SharedState | None = None,
     ) -> torch.Tensor:
         """input_ids int64 [L] -> logits fp32 [L, vocab] (rows < replay_floor are NaN).
 
         capture: if a dict, receives layer index -> (positions [T], residual state after it).
+        shared: if given, the SharedState the layers fill (main KV, index K, top-k, candidate
+        pool), left for the caller to inspect (tools.recall_report).
         """
         cfg, L = self.cfg, input_ids.shape[0]
         F = int(replay_floor)
@@ -85,7 +91,7 @@ class ReferenceModel(nn.Module):
         pos_all = torch.arange(L)
         state = self.residual.init(self.embed(input_ids))
         hash_rows = self._engram_rows(input_ids, pos_all)  # [L, n_engram_layers, cols] or None
-        shared = SharedState()
+        shared = SharedState() if shared is None else shared
         pos, floor = pos_all, 0
         for i, block in enumerate(self.layers):
             if block.engram is not None:

@@ -1,8 +1,9 @@
 """Resident KV memory of a V4.1 model: per token of context, per request, and what a server
 allocates for a memory budget (`serving.geometry`, the calculator the server sizes its pool with).
 
-    python -m sglang_dsv41.tools.kv_report (--model DIR | --preset NAME) [--json]
-        [--no-replay] [--budget-gib G] [--requests R] [--chunk C] [--context-len L] [--page P]
+    python -m sglang_dsv41.tools.kv_report (--model DIR | --preset NAME) [--json] [--plot PNG]
+        [--reserve-gib G] [--no-replay] [--budget-gib G] [--requests R] [--chunk C]
+        [--context-len L] [--page P]
 
 Global state (per token, kept for the whole context): each kv source keeps one main-KV record
 and one index-K record per compressed entry, 1/ratio entries per token; Reuse / Reindex layers
@@ -11,6 +12,10 @@ SWA (per request): each layer keeps a window of V41 records (528 B at D = 512) p
 in the window-bounded SWA pool (and, with decoder replay on, per-request rings for the decoder).
 The V4 column is the same model with main KV and SWA in V4's record (584 B at D = 512), what
 upstream SGLang, vLLM and FlashMLA use on Hopper; index K unchanged.
+--budget-gib sizes a pool as the server does ("pool_sizing" in --json). --plot writes resident
+bytes against context length (8K .. 1M) for this package and upstream's V4 layout, and what fits
+next to the weights per GPU at TP8 / DP8 on 8xH200 and 8xB200 (tools/kv_capacity.py says how);
+--json then carries the same numbers under "capacity".
 """
 
 from __future__ import annotations
@@ -21,13 +26,7 @@ import sys
 
 from sglang_dsv41.config import DeepseekV41Config, preset
 from sglang_dsv41.serving.geometry import PoolGeometry, swa_slots_needed
-
-
-def v4_record_bytes(dim: int, rope: int) -> int:
-    """V4's record: (D - R) e4m3 + R bf16 RoPE dims + one scale byte per 64 e4m3 values, padded
-    to 8 bytes: 448 + 128 + 7 -> 584 at D = 512, R = 64."""
-    raw = (dim - rope) + 2 * rope + -(-(dim - rope) // 64)
-    return -(-raw // 8) * 8
+from sglang_dsv41.tools.kv_capacity import v4_record_bytes
 
 
 def capacity(
@@ -129,7 +128,7 @@ def _text(rep: dict, name: str) -> str:
         f"{pool['request_slot_state_bytes']} B per request slot "
         f"(decoder SWA rings of {pool['ring_layers']} layers: {pool['ring_bytes_per_request']} B)",
     ]
-    cap = rep.get("capacity")
+    cap = rep.get("pool_sizing")
     if cap:
         out.append(
             f"budget {cap['budget_bytes'] / 2**30:.2f} GiB, {cap['requests']} request slots, "
@@ -150,6 +149,13 @@ def main(argv=None) -> int:
     src.add_argument("--model", help="checkpoint directory (config.json)")
     src.add_argument("--preset", help="tiny | small | flash")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--plot", metavar="PNG", help="write the capacity plot (8K .. 1M tokens)")
+    ap.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=None,
+        help="per-GPU memory kept for activations and graphs in the capacity figures (16)",
+    )
     ap.add_argument("--no-replay", action="store_true", help="decoder bounded replay off")
     ap.add_argument("--budget-gib", type=float, help="KV budget to size a pool for")
     ap.add_argument("--requests", type=int, default=2048, help="request slots (default 2048)")
@@ -162,11 +168,31 @@ def main(argv=None) -> int:
     if args.budget_gib:
         g = PoolGeometry(cfg, not args.no_replay)
         ctx = args.context_len or cfg.max_position_embeddings
-        rep["capacity"] = capacity(
+        rep["pool_sizing"] = capacity(
             g, int(args.budget_gib * 2**30), args.requests, args.chunk, ctx, args.page
         )
-    print(json.dumps(rep, indent=1) if args.json else _text(rep, args.model or args.preset))
+    name = args.model or args.preset
+    if args.json or args.plot:
+        rep["capacity"] = _capacity(cfg, args.preset, args.reserve_gib)
+    if args.plot:
+        from sglang_dsv41.tools.kv_plot import plot_capacity
+
+        plot_capacity(rep["capacity"], args.plot, title=f"{name}: resident KV and capacity")
+    print(json.dumps(rep, indent=1) if args.json else _text(rep, name))
     return 0
+
+
+def _capacity(cfg: DeepseekV41Config, preset_name, reserve_gib) -> dict:
+    from sglang_dsv41.tools.kv_capacity import capacity_report
+
+    weights_cfg = None
+    if preset_name == "flash":
+        # The flash preset is the attention geometry; the released checkpoint's weights also
+        # hold its two Engram tables (~189 GiB), which count against the KV budget.
+        from sglang_dsv41.weights.release_config import flash_text_config
+
+        weights_cfg = DeepseekV41Config.from_dict(flash_text_config())
+    return capacity_report(cfg, weights_cfg, reserve_gib)
 
 
 if __name__ == "__main__":

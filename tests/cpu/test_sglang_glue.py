@@ -125,7 +125,7 @@ def test_kv_report_cli_json(tmp_path, capsys):
     g = PoolGeometry(preset("tiny"), True)
     assert rep["pool"]["full_slot_bytes"] == g.global_bytes_per_token()
     assert rep["pool"]["ring_bytes_per_request"] == g.ring_bytes_per_request()
-    cap = rep["capacity"]
+    cap = rep["pool_sizing"]
     assert cap["allocated_bytes"] <= 0.01 * 2**30 and cap["full_slots"] > 0
 
 
