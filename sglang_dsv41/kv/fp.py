@@ -36,6 +36,16 @@ E4M3_NAN = 0x7F
 # e2m1 magnitudes by code bits 0-2 (OCP MX FP4): 0b0001 = 0.5, 0b0111 = 6; bit 3 is the sign.
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_VALUES = torch.tensor(list(E2M1_GRID) + [-v for v in E2M1_GRID], dtype=torch.float32)
+_E2M1_ON: dict = {}
+
+
+def _e2m1_values(device: torch.device) -> torch.Tensor:
+    """The code -> value table on `device`, copied there once (a copy from host memory cannot
+    happen inside a CUDA graph capture; the first decode, run eagerly before capture, makes it)."""
+    table = _E2M1_ON.get(device)
+    if table is None:
+        table = _E2M1_ON[device] = _E2M1_VALUES.to(device)
+    return table
 
 
 def ue8m0_decode(byte: Tensor) -> Tensor:
@@ -121,7 +131,7 @@ def e2m1_encode(x: Tensor) -> Tensor:
 
 def e2m1_decode(codes: Tensor) -> Tensor:
     """uint8 codes [...] (0..15) -> fp32 [...]; code 8 is -0.0."""
-    return _E2M1_VALUES.to(codes.device)[codes.to(torch.long)]
+    return _e2m1_values(codes.device)[codes.to(torch.long)]
 
 
 def pack_nibbles(codes: Tensor) -> Tensor:

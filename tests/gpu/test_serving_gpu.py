@@ -142,6 +142,8 @@ class Probe:
                 x, y = getattr(a, name)[k], getattr(b, name)[k]
                 if x is None:
                     continue
+                if name in ("ring", "pending"):  # request slot 0: the padding sink, written
+                    x, y = x[1:], y[1:]  # by every row that stores nothing, in any order
                 self.stats["byte_diffs"] += int((x != y).sum())
                 self.stats["bytes"] += x.numel()
 
