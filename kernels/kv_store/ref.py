@@ -12,15 +12,15 @@ from torch import Tensor
 
 from sglang_dsv41.kv.records import Layout, pack, record_bytes, value_bytes
 from sglang_dsv41.kv.split_pages import write_split_records
+from sglang_dsv41.layers import rope
 from sglang_dsv41.layers.norm import rms_norm
 from sglang_dsv41.layers.rope import rotate_pairs
 
 
 def rope_cos_sin(pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
     """pos [T] int, inv_freq fp32 [R/2] -> (cos, sin) fp32 [T, R/2], as `apply_rope` computes
-    them."""
-    ang = pos.to(torch.float32)[:, None] * inv_freq.to(device=pos.device, dtype=torch.float32)[None]
-    return torch.cos(ang), torch.sin(ang)
+    them (layers.rope.rope_cos_sin)."""
+    return rope.rope_cos_sin(pos, inv_freq)
 
 
 def record_values(
@@ -64,4 +64,10 @@ def store_records_ref(
         return
     flat = pool.view(-1, B)
     keep = slots >= 0
-    flat[slots[keep].long()] = rec[keep]
+    if flat.device.type == "cpu":
+        flat[slots[keep].long()] = rec[keep]
+        return
+    # No host sync off the CPU (a decode CUDA graph holds this): skipped rows rewrite row 0's
+    # own bytes, the padding row of every pool the serving path builds.
+    dst = torch.where(keep, slots.long(), torch.zeros_like(slots.long()))
+    flat[dst] = torch.where(keep[:, None], rec, flat[dst])

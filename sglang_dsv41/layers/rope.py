@@ -59,12 +59,21 @@ def apply_rope(
     inverse=True applies the opposite rotation (used on the attention output).
     """
     R = 2 * inv_freq.numel()
-    ang = pos.to(torch.float32)[:, None] * inv_freq.to(x.device)[None, :]  # [T, R/2]
-    cos, sin = torch.cos(ang), torch.sin(ang)
+    cos, sin = rope_cos_sin(pos.to(x.device), inv_freq)
     if inverse:
         sin = -sin
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (R // 2,)
     return rotate_pairs(x, cos.view(shape), sin.view(shape))
+
+
+def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor):
+    """pos [T] int, inv_freq fp32 [R/2] -> (cos, sin) fp32 [T, R/2] of the angles pos * inv_freq.
+
+    Computed in fp64 and rounded once to fp32: CPU and CUDA libraries disagree by an ulp or two
+    on fp32 sin / cos of large angles, and an ulp is enough to move an FP4 / FP8 record value
+    across a rounding boundary; in fp64 they agree after the rounding."""
+    ang = pos.to(torch.float64)[:, None] * inv_freq.to(pos.device, torch.float64)[None, :]
+    return torch.cos(ang).to(torch.float32), torch.sin(ang).to(torch.float32)
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

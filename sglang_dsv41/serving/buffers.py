@@ -29,6 +29,8 @@ never meets NaN.
 
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from sglang_dsv41.config import DeepseekV41Config
@@ -78,6 +80,7 @@ class RecordBuffers:
             (R, g.engram_tail_len()), -1, dtype=torch.int64, device=device
         )
         self.full_to_swa_index_mapping = None  # set by register_mapping (SGLang's allocator)
+        self._starts = collections.deque()  # thread-safe append / popleft
 
     def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
         """int64 [S + P + 1] full slot -> SWA slot (0 = none), owned by SGLang's allocator."""
@@ -101,10 +104,20 @@ class RecordBuffers:
 
     def start_request(self, slot: int, floor: int, tail: list) -> None:
         """A request (re)starts prefilling in request slot `slot`: its replay floor and, for
-        Engram, the n - 1 token ids before its first new position (-1 before position 0)."""
-        self.floor[slot] = floor
-        if self.engram_tail.shape[1]:
-            self.engram_tail[slot] = torch.tensor(tail, dtype=torch.int64)
+        Engram, the n - 1 token ids before its first new position (-1 before position 0).
+
+        Queued, and written by `apply_starts` when the next batch's metadata is built: SGLang's
+        scheduler calls this from its own thread while forwards run on another CUDA stream, so a
+        write from here would race the forward that reads the slot."""
+        self._starts.append((slot, floor, list(tail)))
+
+    def apply_starts(self) -> None:
+        """Write the queued request starts (in the stream of the forward about to run)."""
+        while self._starts:
+            slot, floor, tail = self._starts.popleft()
+            self.floor[slot] = floor
+            if self.engram_tail.shape[1]:
+                self.engram_tail[slot] = torch.tensor(tail, dtype=torch.int64)
 
     def tensors(self) -> list:
         bufs = [b for b in self.swa if b is not None] + list(self.ring.values())

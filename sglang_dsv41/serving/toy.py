@@ -87,6 +87,7 @@ class ToyEngine:
             for (r, _), p, n in zip(work, prefix, extend, strict=True)
             for k in range(n)
         ]
+        self.pool.apply_starts()
         self.pool.full_to_swa_index_mapping.copy_(self.mapping)
         self.r2t.copy_(self.req_to_token)
         seq = [p + n for p, n in zip(prefix, extend, strict=True)]

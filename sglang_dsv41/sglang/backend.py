@@ -38,6 +38,7 @@ class DSV41AttnBackend(AttentionBackend):
         if fb.forward_mode.is_idle():
             fb.dsv41_context = None
             return
+        self.token_to_kv_pool.apply_starts()
         fb.dsv41_context = self._context(fb)
 
     def _context(self, fb) -> BatchContext:

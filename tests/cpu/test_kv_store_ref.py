@@ -1,6 +1,7 @@
 """KV store reference vs brute force, dispatch on CPU, and the Triton store under
 TRITON_INTERPRET."""
 
+import math
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def _brute_values(x, w, eps, pos, inv_freq):
             for i in range(R // 2):
                 a, b = row[D - R + 2 * i].item(), row[D - R + 2 * i + 1].item()
                 ang = float(pos[t]) * float(inv_freq[i])
-                c, s = torch.cos(torch.tensor(ang)).item(), torch.sin(torch.tensor(ang)).item()
+                c, s = math.cos(ang), math.sin(ang)
                 row[D - R + 2 * i], row[D - R + 2 * i + 1] = a * c - b * s, a * s + b * c
         out[t] = row.float()
     return out

@@ -54,6 +54,8 @@ def test_graph_decode_equals_eager_bitwise(replay):
             assert torch.equal(la, lb)
             live[slot] = 0
             nxt[slot] = int(la[-1].argmax())
+        if not live:
+            break
         work = [(s, [nxt[s]]) for s in sorted(live)]
         batch = eager.prepare(work)  # host bookkeeping and input tensors (SGLang's part)
         torch.cuda.synchronize()
