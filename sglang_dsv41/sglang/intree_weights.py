@@ -46,15 +46,18 @@ def dequant_fp4_rows(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class _Reader:
-    """Reads parameters by in-tree name and records which were read."""
+    """Reads parameters by in-tree name and records which were read. Names with duplicates
+    included: a module may also be reachable under another path (SGLang's non-CUDA decoder
+    layers link `_next_layer`), and only identity says whether a parameter was read."""
 
     def __init__(self, model):
-        self.params = dict(model.named_parameters())
+        self.params = dict(model.named_parameters(remove_duplicate=False))
         self.read = set()
 
     def __call__(self, name: str) -> torch.Tensor:
-        self.read.add(name)
-        return self.params[name].data
+        p = self.params[name]
+        self.read.add(id(p))
+        return p.data
 
     def has(self, name: str) -> bool:
         return name in self.params
@@ -66,7 +69,11 @@ class _Reader:
         return dequant_block(w, self(prefix + ".weight_scale_inv"))
 
     def unread(self) -> list:
-        return sorted(n for n in set(self.params) - self.read if not n.endswith(IGNORED))
+        left = {}
+        for n, p in self.params.items():
+            if id(p) not in self.read and not n.endswith(IGNORED):
+                left.setdefault(id(p), n)
+        return sorted(left.values())
 
 
 def _attention(get: _Reader, src: str, dst: str, cfg, out: dict) -> None:
