@@ -9,13 +9,17 @@ For the released-format flash-mini checkpoint (every role, mHC on every layer, E
     exactly, and every parameter is read by that map;
   - the adapter hands our attention exactly our model's weights: at every attention call of a
     chunked prefill and decode through the served cached path, the adapter over the in-tree
-    layer (dequantized to fp32) gives our layer's output bit for bit, for every role.
+    layer (dequantized to fp32) gives our layer's output bit for bit, for every role;
+  - `DSV41CudaAttention.forward`, driven as SGLang's in-tree layer loop drives it (batch context
+    from the backend, replay tail entered at the decoder kv source), equals our layer loop's
+    attention bit for bit (the adapter dequantized; the forward's kernels are CPU references).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,6 +35,7 @@ from sglang_dsv41.serving.toy import ToyEngine, prompts, serve  # noqa: E402
 from sglang_dsv41.sglang import layer_loop  # noqa: E402
 from sglang_dsv41.sglang.intree_adapter import adapt  # noqa: E402
 from sglang_dsv41.sglang.intree_weights import dense_view  # noqa: E402
+from sglang_dsv41.sglang.replay_tail import LateLayerTailMixin  # noqa: E402
 from sglang_dsv41.tools.release_checkpoint import write_flash_mini  # noqa: E402
 from sglang_dsv41.weights.checkpoint import load_release_state  # noqa: E402
 
@@ -170,3 +175,85 @@ def test_adapter_equals_our_layers(built, ours, fused_compressor):
         serve(ToyEngine(ours, run), ps[1:], 1, chunk=20)
     assert set(probe.roles) == {SWA, FULL, REUSE, REINDEX}
     assert {2, 20, 24} <= probe.roles[FULL] | probe.roles[REINDEX]
+
+
+class _TailBackend(LateLayerTailMixin):
+    """The dsv41 backend's replay-tail members over a toy pool (the base metadata exists)."""
+
+    def __init__(self, pool):
+        self.token_to_kv_pool = pool
+
+
+class ProtocolProbe:
+    """Drives `DSV41CudaAttention.forward` the way SGLang's in-tree layer loop does (batch
+    context, replay tail entered at the decoder kv source with its input over every row) and
+    compares it with our layer on a copy of the state."""
+
+    def __init__(self, layers, cfg, monkeypatch):
+        from sglang_dsv41.sglang import cuda_attention
+
+        self.layers, self.cfg, self.calls, self.tails = layers, cfg, 0, 0
+        self.backend = None
+        monkeypatch.setattr(cuda_attention, "get_attn_backend", lambda: self.backend)
+        self.ctx = self.saved = None
+
+    def _start(self, ctx, pool):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        decode = all(n == 1 for _, n in ctx.rows.spans)
+        self.fb = SimpleNamespace(
+            forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
+            dsv41_context=ctx,
+            positions=ctx.rows.pos,
+            out_cache_loc=ctx.out_loc,
+        )
+        self.backend = _TailBackend(pool)
+        self.backend.init_late_layer_tail(self.fb)
+        self.ctx, self.saved = ctx, None
+
+    def __call__(self, attn, x, rows, ctx, pool, floor, x_all=None, rows_all=None):
+        i = attn.layer_id
+        if ctx is not self.ctx:
+            self._start(ctx, pool)
+        self.backend.token_to_kv_pool = copy.deepcopy(pool)
+        shared = dict(ctx.shared)
+        layer = self.layers[i].self_attn
+        meta = self.backend.tail_forward_metadata
+        if i == self.cfg.decoder_start and meta is not None:
+            src = x if x_all is None else x_all
+            self.backend.write_tail_source_kv(
+                layer=layer, x=src, positions=None, forward_batch=self.fb
+            )
+            self.saved = self.backend.enter_late_layer_tail(self.fb)
+            assert self.backend.late_tail.rows.ids.tolist() == rows.ids.tolist()
+            self.tails += 1
+        got = layer.forward(x, rows.pos, self.fb)
+        if i == self.cfg.decoder_start and meta is not None:
+            assert self.backend.late_tail.source is None  # the source layer took its x_all
+        if i == self.cfg.num_hidden_layers - 1 and self.saved is not None:
+            self.backend.exit_late_layer_tail(self.saved, self.fb)
+        ctx.shared.clear()
+        ctx.shared.update(shared)
+        want = kp.attention_layer(attn, x, rows, ctx, pool, floor, x_all, rows_all)
+        assert torch.equal(got, want), i
+        self.calls += 1
+        return want
+
+
+@torch.no_grad()
+def test_forward_follows_the_in_tree_protocol(built, ours, monkeypatch):
+    cfg = built.dsv41_cfg
+    layers = built.model.layers
+    for layer in layers:
+        layer.self_attn._view = adapt(layer.self_attn, cfg, dense=True)
+    try:
+        probe = ProtocolProbe(layers, cfg, monkeypatch)
+        run = functools.partial(layer_loop.run_layers, attention=probe)
+        W = cfg.sliding_window
+        ps = prompts([6, 41], seed=8)
+        eng = ToyEngine(ours, run, decoder_ring=True, seed=4)
+        serve(eng, ps, 2, chunk=17, floors=[max(0, len(p) - W) for p in ps])
+    finally:
+        for layer in layers:
+            layer.self_attn._view = None
+    assert probe.calls > 3 * cfg.num_hidden_layers and probe.tails >= 3

@@ -1,0 +1,230 @@
+"""The SGLang in-tree members and signatures the CUDA model relies on (fails loudly on an
+SGLang upgrade that moves them), the replay-tail backend members, the model choice and the CUDA
+server defaults."""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+intree = pytest.importorskip("sglang.srt.models.deepseek_v4")
+
+from sglang_dsv41.sglang import runtime  # noqa: E402
+from sglang_dsv41.sglang.context import BatchContext, build_rows  # noqa: E402
+from sglang_dsv41.sglang.replay_tail import LateLayerTailMixin  # noqa: E402
+
+
+def _params(fn) -> list:
+    return list(inspect.signature(fn).parameters)
+
+
+def test_in_tree_classes_and_factories():
+    assert issubclass(intree.MQALayer, intree.MqaAttentionBase)
+    assert issubclass(intree.DeepseekV4DecoderLayer, intree.DeepseekV4DecoderLayerBase)
+    assert _params(intree.DeepseekV4ForCausalLM.__init__) == [
+        "self",
+        "config",
+        "quant_config",
+        "prefix",
+    ]
+    assert _params(intree.DeepseekV4DecoderLayerBase._build_self_attn) == [
+        "self",
+        "config",
+        "layer_id",
+        "quant_config",
+        "prefix",
+        "alt_streams",
+        "compress_ratio_override",
+    ]
+    # the model reads its layer class through this module global while it builds
+    src = inspect.getsource(intree.DeepseekV4Model.__init__)
+    assert "DeepseekV4DecoderLayer(" in src and "enable_decoder_swa_bounded_replay" in src
+    assert "DecoderReplayTail.maybe_create" in src
+    for name in ("_project_wo_b", "accepts_mxfp8_swizzled_input", "accepts_deepgemm_mxfp8_input"):
+        assert callable(getattr(intree.MQALayer, name)), name
+    assert _params(intree.MQALayer._project_wo_b) == ["self", "o", "defer_all_reduce"]
+
+
+def test_attention_forward_signature_is_the_in_tree_one():
+    from sglang_dsv41.sglang.cuda_attention import DSV41CudaAttention
+
+    assert _params(DSV41CudaAttention.forward) == _params(intree.MQALayer.forward)
+    assert _params(intree.MQALayer.forward) == [
+        "self",
+        "x",
+        "positions",
+        "forward_batch",
+        "x_quant",
+        "defer_all_reduce",
+    ]
+    src = inspect.getsource(intree.DeepseekV4CudaDecoderLayer._run_boundary_attention)
+    assert "self.self_attn(" in src and "defer_all_reduce=True" in src
+
+
+def test_layer_members_the_adapter_reads():
+    src = inspect.getsource(intree.MqaAttentionBase.__init__)
+    for member in (
+        "self.attn_tp_rank",
+        "self.attn_tp_size",
+        "self.n_local_groups",
+        "self.attn_sink",
+        "self.wqkv_a",
+        "self.wq_a",
+        "self.wkv",
+        "self.q_norm",
+        "self.wq_b",
+        "self.kv_norm",
+        "self.wo_a",
+        "self.wo_b",
+    ):
+        assert member in src, member
+    src = inspect.getsource(intree.MQALayer.__init__)
+    assert "DeepseekV41Compressor(" in src and "DeepseekV41Indexer(" in src
+    from sglang.srt.layers.attention.dsv4 import dsv41_sparse
+
+    src = inspect.getsource(dsv41_sparse.DeepseekV41Compressor.__init__)
+    for member in ("self.wkv_gate", "self.wkv", "self.wgate", "self.norm"):
+        assert member in src, member
+    src = inspect.getsource(dsv41_sparse.DeepseekV41Indexer.__init__)
+    for member in ("self.wq_b", "self.weights_proj", "self.wk", "self.k_norm"):
+        assert member in src, member
+
+
+def test_replay_tail_protocol_calls():
+    """The in-tree layer loop's calls into the backend, as the mixin implements them."""
+    src = inspect.getsource(intree.DeepseekV4Model._forward_layers_hc_pre_from_prev)
+    for call in (
+        "attn_backend.tail_forward_metadata.late_layer_tail",
+        "attn_backend.write_tail_source_kv(",
+        "attn_backend.enter_late_layer_tail(forward_batch)",
+        "attn_backend.exit_late_layer_tail(saved_full, forward_batch)",
+        "attn_backend.prefill_graph_late_layer_saved",
+    ):
+        assert call in src, call
+    for kw in ("layer=", "x=", "positions=", "forward_batch="):
+        assert kw in src.split("attn_backend.write_tail_source_kv(")[1].split(")")[0], kw
+    from sglang.srt.layers.attention.deepseek_v4_backend import LateLayerTail
+
+    fields = set(LateLayerTail.__struct_fields__)
+    assert {
+        "token_indices",
+        "positions",
+        "extend_seq_lens",
+        "extend_seq_lens_cpu",
+        "swa_out_cache_loc",
+        "contiguous_start",
+        "scatter_indices",
+        "real_rows_count",
+    } <= fields
+
+
+def test_config_and_server_fields():
+    from sglang.srt.arg_groups.choices import FP8_GEMM_RUNNER_BACKEND_CHOICES
+    from sglang.srt.configs.deepseek_v41 import DeepseekV41Config
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+    from sglang.srt.server_args import ServerArgs
+
+    assert DeepseekV41Config.model_type == "deepseek_v41"
+    q = Fp8Config.from_config(
+        {
+            "quant_method": "fp8",
+            "weight_block_size": [32, 32],
+            "scale_fmt": "ue8m0",
+            "activation_scheme": "dynamic",
+        }
+    )
+    for attr in ("is_fp4_experts", "is_dsv4_fp4_experts", "dequant_fp4_to_fp8"):
+        assert hasattr(q, attr), attr
+    fields = {f for f in inspect.signature(ServerArgs).parameters}
+    for f in (
+        "moe_runner_backend",
+        "moe_a2a_backend",
+        "fp8_gemm_runner_backend",
+        "disable_prefill_cuda_graph",
+        "disable_decode_cuda_graph",
+        "enable_decoder_swa_bounded_replay",
+    ):
+        assert f in fields, f
+    assert "flashinfer_cutedsl" in FP8_GEMM_RUNNER_BACKEND_CHOICES
+
+
+class _Base:
+    def init_forward_metadata(self, forward_batch):
+        forward_batch.built = True
+
+
+class _Backend(LateLayerTailMixin, _Base):
+    pass
+
+
+def _batch(prefix, extend, floors, mode="EXTEND"):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    rows = build_rows(prefix, extend)
+    T = rows.n
+    ctx = BatchContext(
+        rows=rows,
+        req_pool=torch.arange(len(extend)),
+        req_to_token=torch.zeros(4, 64, dtype=torch.int32),
+        seq_lens=[p + n for p, n in zip(prefix, extend, strict=True)],
+        floors=floors,
+        out_loc=torch.arange(T) + 100,
+    )
+    return SimpleNamespace(
+        forward_mode=getattr(ForwardMode, mode),
+        dsv41_context=ctx,
+        positions=rows.pos.clone(),
+        out_cache_loc=ctx.out_loc,
+    )
+
+
+@pytest.fixture
+def replay_on():
+    saved = runtime.STATE.replay
+    runtime.STATE.replay = True
+    yield
+    runtime.STATE.replay = saved
+
+
+def test_tail_is_the_rows_at_or_above_the_floors(replay_on):
+    be, fb = _Backend(), _batch([0, 10], [40, 5], [24, 0])
+    be.init_forward_metadata(fb)
+    assert fb.built
+    tail = be.tail_forward_metadata.late_layer_tail
+    assert tail.token_indices.tolist() == list(range(24, 45))
+    assert tail.extend_seq_lens_cpu == [16, 5] and tail.extend_seq_lens.tolist() == [16, 5]
+    assert tail.positions.tolist() == list(range(24, 40)) + list(range(10, 15))
+    assert tail.swa_out_cache_loc.tolist() == list(range(124, 145))
+    assert tail.contiguous_start is None and tail.scatter_indices is None
+    assert torch.equal(tail.rows(torch.arange(45)), torch.arange(24, 45))
+    x = torch.randn(45, 8)
+    be.write_tail_source_kv(
+        layer=SimpleNamespace(layer_id=20), x=x, positions=fb.positions, forward_batch=fb
+    )
+    saved = be.enter_late_layer_tail(fb)
+    t = be.late_tail
+    assert t.rows.ids.tolist() == list(range(24, 45)) and t.source_layer == 20
+    x_all, rows_all = t.take_source()
+    assert x_all is x and rows_all.n == 45 and t.source is None
+    be.exit_late_layer_tail(saved, fb)
+    assert be.late_tail is None and be.prefill_graph_late_layer_saved is None
+
+
+def test_tail_single_request_is_a_view(replay_on):
+    be, fb = _Backend(), _batch([0], [40], [24])
+    be.init_forward_metadata(fb)
+    assert be.tail_forward_metadata.late_layer_tail.contiguous_start == 24
+
+
+def test_no_tail_for_decode_or_without_replay(replay_on):
+    be = _Backend()
+    be.init_forward_metadata(_batch([40, 9], [1, 1], [24, 0], mode="DECODE"))
+    assert be.tail_forward_metadata is None
+    with pytest.raises(RuntimeError, match="no tail metadata"):
+        be.enter_late_layer_tail(None)
+    runtime.STATE.replay = False
+    be.init_forward_metadata(_batch([0], [40], [24]))
+    assert be.tail_forward_metadata is None
