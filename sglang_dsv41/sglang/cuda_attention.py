@@ -35,7 +35,7 @@ class DSV41CudaAttention(MQALayer):
     def __init__(self, *args, dsv41_cfg, **kwargs):
         super().__init__(*args, **kwargs)
         self.dsv41_cfg = dsv41_cfg
-        self.freqs_cis = self.freqs_cis[:0]
+        self.freqs_cis = self.freqs_cis[:0].clone()  # a view would keep the table alive
         self._view = None
 
     def view(self):

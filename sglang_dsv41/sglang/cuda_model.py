@@ -70,6 +70,11 @@ def check_replay_geometry(cfg) -> None:
 class DeepseekV41ForCausalLM(intree.DeepseekV4ForCausalLM):
     served_by = "sglang_dsv41"
 
+    @property
+    def uses_late_layer_tail(self) -> bool:
+        """The in-tree layer loop asks the backend for the replay tail (tail_backend.py)."""
+        return self.model.late_layer_start is not None
+
     def __init__(self, config, quant_config=None, prefix: str = ""):
         cfg = config.dsv41()
         runtime.activate(cfg)

@@ -16,7 +16,7 @@ rows only, and asks the attention backend for five members:
 The tail is DESIGN.md 5's: per request, the rows at positions >= its floor (`runtime`'s replay
 floor, 0 for a full forward), i.e. the last min(window, prompt) prompt tokens. The mixin is
 cooperative: `class B(LateLayerTailMixin, DSV41AttnBackend)` builds the tail after the base
-class built `forward_batch.dsv41_context`.
+class built `forward_batch.dsv41_context` (`tail_backend.py`).
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def late_layer_tail(forward_batch, ctx: BatchContext):
 class LateLayerTailMixin:
     """Backend members of the in-tree replay-tail protocol (module docstring)."""
 
+    wants_late_layer_tail = True  # False: the served model replays in its own loop
     tail_forward_metadata: TailMetadata | None = None
     late_tail: LateTail | None = None
     prefill_graph_late_layer_saved = None
@@ -95,7 +96,7 @@ class LateLayerTailMixin:
     def init_late_layer_tail(self, forward_batch) -> None:
         self.tail_forward_metadata, self.late_tail, self._tail_source = None, None, None
         ctx = getattr(forward_batch, "dsv41_context", None)
-        if ctx is None or not runtime.STATE.replay:
+        if ctx is None or not runtime.STATE.replay or not self.wants_late_layer_tail:
             return
         if not forward_batch.forward_mode.is_extend_without_speculative():
             return

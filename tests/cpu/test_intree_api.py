@@ -228,3 +228,94 @@ def test_no_tail_for_decode_or_without_replay(replay_on):
     runtime.STATE.replay = False
     be.init_forward_metadata(_batch([0], [40], [24]))
     assert be.tail_forward_metadata is None
+
+
+def _hf(device_release: bool):
+    from sglang_dsv41.sglang.hf_config import DeepseekV41HFConfig
+    from sglang_dsv41.weights.release_config import (
+        flash_mini_text_config,
+        flash_mini_vision_config,
+        release_config,
+    )
+
+    raw = release_config(flash_mini_text_config(), flash_mini_vision_config())
+    if not device_release:
+        raw.pop("quantization_config")
+    return DeepseekV41HFConfig(**raw)
+
+
+def test_model_choice_by_device_and_format(monkeypatch):
+    from sglang_dsv41.sglang import model_choice
+
+    for device, release, want in (
+        ("cuda", True, True),
+        ("cuda", False, False),
+        ("cpu", True, False),
+        (None, True, False),
+    ):
+        monkeypatch.setattr(model_choice, "served_device", lambda d=device: d)
+        hf = _hf(release)
+        assert model_choice.uses_intree_model(hf) is want, (device, release)
+        loc = model_choice.DeepseekV41ForCausalLM.get_model_config_for_expert_location(hf)
+        assert (loc is not None) is want
+        if want:
+            assert (loc.num_layers, loc.num_logical_experts) == (40, 8)
+
+
+def _defaults(monkeypatch, sm: int, flashinfer: bool, **args):
+    import sglang.srt.arg_groups.model_override_base as mob
+    import sglang.srt.runtime_context as rc
+    import sglang.srt.utils as su
+
+    from sglang_dsv41.sglang.cuda_defaults import cuda_server_defaults
+
+    view = (
+        dict(device="cuda", moe_runner_backend="auto", moe_a2a_backend="none")
+        | {"fp8_gemm_runner_backend": "auto"}
+        | args
+    )
+    plat = SimpleNamespace(is_sm90=sm == 90, is_sm100=sm == 100, is_sm120=sm == 120, is_hip=False)
+    monkeypatch.setattr(mob, "resolving_view", lambda s: SimpleNamespace(**view))
+    monkeypatch.setattr(rc, "get_platform", lambda: plat)
+    monkeypatch.setattr(su, "is_flashinfer_available", lambda: flashinfer)
+    return cuda_server_defaults(None, _hf(True))
+
+
+def test_cuda_defaults(monkeypatch):
+    off = {"disable_prefill_cuda_graph": True, "disable_decode_cuda_graph": True}
+    h = _defaults(monkeypatch, 90, True)
+    assert h == off | {"moe_runner_backend": "flashinfer_mxfp4"}
+    b = _defaults(monkeypatch, 100, True)
+    assert b == off | {
+        "moe_runner_backend": "flashinfer_mxfp4",
+        "fp8_gemm_runner_backend": "flashinfer_cutedsl",
+    }
+    assert _defaults(monkeypatch, 100, True, moe_runner_backend="triton") == off | {
+        "fp8_gemm_runner_backend": "flashinfer_cutedsl"
+    }
+    assert _defaults(monkeypatch, 90, True, device="cpu") == {}
+    with pytest.raises(ValueError, match="flashinfer_mxfp4"):
+        _defaults(monkeypatch, 90, False)
+
+
+def test_registered_backend_builds_the_tail_only_for_the_in_tree_model(replay_on):
+    from sglang_dsv41.sglang.tail_backend import DSV41TailBackend, create_backend
+
+    def runner(model):
+        pool = SimpleNamespace(req_to_token=torch.zeros(4, 64, dtype=torch.int32))
+        return SimpleNamespace(model=model, req_to_token_pool=pool, token_to_kv_pool=None)
+
+    saved = runtime.STATE.cfg
+    runtime.STATE.cfg = None
+    try:
+        torch_model = create_backend(runner(SimpleNamespace()))
+        intree_model = create_backend(runner(SimpleNamespace(uses_late_layer_tail=True)))
+    finally:
+        runtime.STATE.cfg = saved
+    assert isinstance(intree_model, DSV41TailBackend)
+    assert not torch_model.wants_late_layer_tail and intree_model.wants_late_layer_tail
+    fb = _batch([0], [40], [24])
+    torch_model.init_late_layer_tail(fb)
+    intree_model.init_late_layer_tail(fb)
+    assert torch_model.tail_forward_metadata is None
+    assert intree_model.tail_forward_metadata.late_layer_tail.contiguous_start == 24
