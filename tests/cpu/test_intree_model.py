@@ -49,12 +49,15 @@ def mini(tmp_path_factory):
 def built(mini):
     from sglang.srt.runtime_context import restore_context, snapshot_context
 
-    saved = snapshot_context()
+    from sglang_dsv41.sglang import runtime
+
+    saved, state = snapshot_context(), (runtime.STATE.cfg, runtime.STATE.replay)
     init_sglang_cpu(mini)
-    model = build_cuda_model(mini)
+    model = build_cuda_model(mini)  # activates this package's runtime (as serving does)
     load(model, mini)
     yield model
     restore_context(saved)
+    runtime.STATE.cfg, runtime.STATE.replay = state
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ identical to the other rank's and to the single-GPU layer's (the indexer is repl
 reads identical inputs). Only core modules are imported (the GPU machine has no SGLang).
 
     python -m pytest -q tests/gpu/test_tp_attention.py      (2 GPUs, e.g. nvidia-h200-x2)
-DSV41_GPU_REPORT=path writes each rank's counts and largest differences as JSON.
+DSV41_GPU_REPORT=path writes each rank's counts and largest differences as JSON;
+DSV41_GPU_TEST_DEVICE=cpu DSV41_TP_PROMPT_LENS=20,41 dry-runs it on CPU (gloo).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ TP = 2
 RTOL_OF_MAX = 2e-2
 # DSV41_GPU_TEST_DEVICE=cpu dry-runs the plumbing on gloo (the dispatchers run their references)
 DEVICE = os.environ.get("DSV41_GPU_TEST_DEVICE", "cuda")
+# prompt lengths: beyond the window (32), top-k (16 entries) and candidate pool (8 x 8 positions)
+PROMPT_LENS = [int(n) for n in os.environ.get("DSV41_TP_PROMPT_LENS", "90,161").split(",")]
 
 pytestmark = pytest.mark.skipif(
     DEVICE == "cuda" and (not torch.cuda.is_available() or torch.cuda.device_count() < TP),
@@ -145,7 +148,7 @@ def worker(rank: int, port: int, out: str) -> None:
     model = _model(device)
     probe = TPProbe(rank, torch.distributed.group.WORLD)
     run = functools.partial(layer_loop.run_layers, attention=probe)
-    ps = prompts([90, 161], seed=11)
+    ps = prompts(PROMPT_LENS, seed=11)
     W = model.cfg.sliding_window
     with torch.no_grad():
         serve(ToyEngine(model, run, device=device), ps, 3, chunk=37)
