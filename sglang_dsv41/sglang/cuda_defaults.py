@@ -7,6 +7,9 @@
                              MXFP8, as SGLang does for its own V4.1); SGLang's default (DeepGEMM
                              block-32, its Triton fallback) elsewhere
     prefill / decode CUDA graphs   off (the dsv41 backend captures none)
+On SM90 the FP4 runner (flashinfer CUTLASS, W4A16) needs the hidden size and the per-rank expert
+width (moe_intermediate_size * ep_size / tp_size) to be multiples of 128; V4.1-Flash's 2304 at
+--tp 8 gives 288, so the error says to shard the experts by expert parallelism (--ep-size 8).
 A value the user set explicitly (anything but "auto") is kept. The attention backend and the
 page size come from `server_defaults`.
 """
@@ -16,6 +19,18 @@ from __future__ import annotations
 import logging
 
 logger = logging.getLogger(__name__)
+
+
+def check_sm90_expert_width(cfg, tp: int, ep: int) -> None:
+    """Raise naming the flag when SGLang's SM90 FP4 MoE runner cannot take the shapes."""
+    width = cfg.moe_intermediate_size * ep // tp
+    if cfg.hidden_size % 128 or width % 128:
+        raise ValueError(
+            f"--ep-size: on SM90 the FP4 routed experts need hidden_size ({cfg.hidden_size}) and "
+            f"the per-rank expert width (moe_intermediate_size {cfg.moe_intermediate_size} x "
+            f"ep {ep} / tp {tp} = {width}) to be multiples of 128; serve the experts expert-"
+            f"parallel (--ep-size {tp})"
+        )
 
 
 def cuda_server_defaults(server_args, hf_config) -> dict:
@@ -43,6 +58,8 @@ def cuda_server_defaults(server_args, hf_config) -> dict:
                 "(install flashinfer); SGLang's default runner reads packed FP4 as FP8"
             )
         out["moe_runner_backend"] = "flashinfer_mxfp4"
+        if platform.is_sm90:
+            check_sm90_expert_width(hf_config.dsv41(), int(cfg.tp_size), int(cfg.ep_size or 1))
     if (
         platform.is_sm100
         and not platform.is_hip

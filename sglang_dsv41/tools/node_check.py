@@ -3,7 +3,8 @@
     python -m sglang_dsv41.tools.node_check [--work DIR] [--tp 1,2] [--new 12]
                                             [--server-args "--mem-fraction-static 0.5"]
 (`scripts/gpu_node_check.sh` runs it.) Steps:
-  1. writes the released-format flash-mini checkpoint (`tools.release_checkpoint`);
+  1. writes the released-format flash-mini checkpoint (`tools.release_checkpoint`) at hidden
+     and expert widths of 256 (NODE_WIDTHS);
   2. the CPU oracle (`reference`, fp32, decoder replay as served) with the activation-
      quantization switch on (`reference.act_quant`: the inputs of the FP8 linears quantized the
      way SGLang's FP8 linears quantize them) generates greedy tokens for fixed prompts of 1-131
@@ -38,6 +39,10 @@ import urllib.request
 from pathlib import Path
 
 PROMPT_LENS = (1, 5, 20, 41, 66, 131)
+NODE_WIDTHS = {"hidden_size": 256, "moe_intermediate_size": 256}
+"""flash-mini at hidden 256 and expert width 256: SGLang's FP4 MoE runner on SM90 (flashinfer
+CUTLASS, W4A16) needs the hidden size and the per-rank expert width to be multiples of 128
+(flash-mini's 64 are not), at TP 2 too."""
 TOL_NATS = 0.25
 INTREE_LOG = "in-tree DeepseekV4 skeleton with dsv41 attention"
 
@@ -157,16 +162,16 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     work = Path(a.work or tempfile.mkdtemp(prefix="dsv41_node_"))
     work.mkdir(parents=True, exist_ok=True)
-    from sglang_dsv41.tools.release_checkpoint import write_flash_mini
-
-    ckpt = str(write_flash_mini(work / "flash-mini", force=True))
-    vocab = json.loads((Path(ckpt) / "config.json").read_text())["text_config"]["vocab_size"]
-    ps = prompts(vocab)
     gpus = gpu_count()
     sizes = [int(t) for t in a.tp.split(",") if t.strip()]
     missing = [tp for tp in sizes if tp > gpus]
     results = {}
     if len(missing) < len(sizes):
+        from sglang_dsv41.tools.release_checkpoint import write_flash_mini
+
+        ckpt = str(write_flash_mini(work / "flash-mini-256", force=True, widths=NODE_WIDTHS))
+        cfg = json.loads((Path(ckpt) / "config.json").read_text())
+        ps = prompts(cfg["text_config"]["vocab_size"])
         print(f"checkpoint {ckpt}; oracle (CPU, fp32, activation quantization on) ...", flush=True)
         ref = oracle(ckpt, ps, a.new)
     for tp in sizes:

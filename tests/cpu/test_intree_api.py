@@ -230,7 +230,7 @@ def test_no_tail_for_decode_or_without_replay(replay_on):
     assert be.tail_forward_metadata is None
 
 
-def _hf(device_release: bool):
+def _hf(device_release: bool, widths=None):
     from sglang_dsv41.sglang.hf_config import DeepseekV41HFConfig
     from sglang_dsv41.weights.release_config import (
         flash_mini_text_config,
@@ -238,7 +238,8 @@ def _hf(device_release: bool):
         release_config,
     )
 
-    raw = release_config(flash_mini_text_config(), flash_mini_vision_config())
+    text = {**flash_mini_text_config(), **(widths or {})}
+    raw = release_config(text, flash_mini_vision_config())
     if not device_release:
         raw.pop("quantization_config")
     return DeepseekV41HFConfig(**raw)
@@ -269,21 +270,24 @@ def _defaults(monkeypatch, sm: int, flashinfer: bool, **args):
 
     from sglang_dsv41.sglang.cuda_defaults import cuda_server_defaults
 
+    widths = args.pop("widths", None)
     view = (
         dict(device="cuda", moe_runner_backend="auto", moe_a2a_backend="none")
-        | {"fp8_gemm_runner_backend": "auto"}
+        | {"fp8_gemm_runner_backend": "auto", "tp_size": 1, "ep_size": 1}
         | args
     )
     plat = SimpleNamespace(is_sm90=sm == 90, is_sm100=sm == 100, is_sm120=sm == 120, is_hip=False)
     monkeypatch.setattr(mob, "resolving_view", lambda s: SimpleNamespace(**view))
     monkeypatch.setattr(rc, "get_platform", lambda: plat)
     monkeypatch.setattr(su, "is_flashinfer_available", lambda: flashinfer)
-    return cuda_server_defaults(None, _hf(True))
+    return cuda_server_defaults(None, _hf(True, widths))
 
 
 def test_cuda_defaults(monkeypatch):
+    from sglang_dsv41.tools.node_check import NODE_WIDTHS
+
     off = {"disable_prefill_cuda_graph": True, "disable_decode_cuda_graph": True}
-    h = _defaults(monkeypatch, 90, True)
+    h = _defaults(monkeypatch, 90, True, widths=dict(NODE_WIDTHS))
     assert h == off | {"moe_runner_backend": "flashinfer_mxfp4"}
     b = _defaults(monkeypatch, 100, True)
     assert b == off | {
@@ -296,6 +300,21 @@ def test_cuda_defaults(monkeypatch):
     assert _defaults(monkeypatch, 90, True, device="cpu") == {}
     with pytest.raises(ValueError, match="flashinfer_mxfp4"):
         _defaults(monkeypatch, 90, False)
+
+
+def test_sm90_expert_width_names_ep_size(monkeypatch):
+    from sglang_dsv41.sglang.cuda_defaults import check_sm90_expert_width
+    from sglang_dsv41.tools.node_check import NODE_WIDTHS
+    from sglang_dsv41.tools.release_checkpoint import flash_config
+
+    flash = flash_config()
+    with pytest.raises(ValueError, match=r"--ep-size.* = 288\b.*--ep-size 8"):
+        check_sm90_expert_width(flash, 8, 1)
+    check_sm90_expert_width(flash, 8, 8)  # 2304 per rank
+    with pytest.raises(ValueError, match="hidden_size \\(64\\)"):
+        _defaults(monkeypatch, 90, True)  # flash-mini itself: hidden 64
+    widths = dict(NODE_WIDTHS)
+    assert _defaults(monkeypatch, 90, True, widths=widths, tp_size=2)["moe_runner_backend"]
 
 
 def test_registered_backend_builds_the_tail_only_for_the_in_tree_model(replay_on):
