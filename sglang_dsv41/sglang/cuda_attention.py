@@ -55,7 +55,11 @@ class DSV41CudaAttention(MQALayer):
         deferred-all-reduce output when defer_all_reduce (as the in-tree forward)."""
         cfg, i = self.dsv41_cfg, self.layer_id
         backend = get_attn_backend()
-        ctx = forward_batch.dsv41_context
+        ctx = getattr(forward_batch, "dsv41_context", None)
+        if ctx is None:  # an idle batch (DP attention): no rows, nothing to attend
+            if x.shape[0]:
+                raise RuntimeError(f"dsv41 layer {i}: {x.shape[0]} rows but no batch context")
+            return x
         tail = getattr(backend, "late_tail", None)
         rows, x_all, rows_all = ctx.rows, None, None
         if tail is not None:
