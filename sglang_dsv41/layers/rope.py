@@ -1,8 +1,9 @@
 """Rotary embeddings on the last R dims of a head, interleaved pairs, with DeepSeek YaRN.
 
 Layers with compress ratio > 0 use `compress_rope_theta` with YaRN (`rope_scaling`: factor,
-original_max_position_embeddings, beta_fast, beta_slow) whenever max_position_embeddings exceeds
-the original length; ratio-0 layers use `rope_theta` without YaRN. Pair i of the rotated span is
+original_max_position_embeddings, beta_fast, beta_slow) whenever `rope_scaling` gives an original
+length, whatever max_position_embeddings says (DESIGN.md 3; SGLang's `precompute_freqs_cis` does
+the same); ratio-0 layers use `rope_theta` without YaRN. Pair i of the rotated span is
 (x[2i], x[2i+1]), rotated by angle pos * inv_freq[i].
 """
 
@@ -35,8 +36,8 @@ def rope_inv_freq(cfg, ratio: int) -> torch.Tensor:
     if ratio == 0:
         return (1.0 / (cfg.rope_theta ** (torch.arange(0, R, 2, dtype=torch.float64) / R))).float()
     rs = cfg.rope_scaling or {}
-    original = int(rs.get("original_max_position_embeddings", cfg.max_position_embeddings))
-    if rs and cfg.max_position_embeddings > original:
+    original = int(rs.get("original_max_position_embeddings") or 0)
+    if original > 0:
         return yarn_inv_freq(
             R,
             cfg.compress_rope_theta,

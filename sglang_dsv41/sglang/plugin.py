@@ -4,7 +4,8 @@ SGLang calls `register()` in every process (launcher, scheduler, detokenizer) be
 server arguments. It wires this package into SGLang through extension points only:
   - the config registry and AutoConfig: `model_type deepseek_v41` -> DeepseekV41HFConfig, which
     keeps the architecture `DeepseekV41ForCausalLM` (the in-tree class renames it to V4);
-  - ModelRegistry: `DeepseekV41ForCausalLM` -> this package's model class;
+  - ModelRegistry: `DeepseekV41ForCausalLM` -> this package's model class (model_choice.py:
+    the in-tree CUDA skeleton for a released-format checkpoint on CUDA, else pure torch);
   - the attention-backend registry and the `--attention-backend` choices: `dsv41`;
   - a per-architecture override: attention backend `dsv41` and CPU-friendly defaults;
   - HookRegistry hooks for the KV pool and the scheduler (see hooks.py).
@@ -46,7 +47,7 @@ def _register_model() -> None:
     from sglang.srt.models.registry import ModelRegistry
 
     from sglang_dsv41.sglang.hf_config import ARCH
-    from sglang_dsv41.sglang.model import DeepseekV41ForCausalLM
+    from sglang_dsv41.sglang.model_choice import DeepseekV41ForCausalLM
 
     ModelRegistry.models[ARCH] = DeepseekV41ForCausalLM
 
@@ -58,7 +59,8 @@ def _register_backend() -> None:
     )
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
 
-    from sglang_dsv41.sglang.backend import BACKEND_NAME, create_backend
+    from sglang_dsv41.sglang.backend import BACKEND_NAME
+    from sglang_dsv41.sglang.tail_backend import create_backend
 
     register_attention_backend(BACKEND_NAME)(create_backend)
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:

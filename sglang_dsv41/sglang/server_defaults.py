@@ -7,11 +7,13 @@ provider), so that `--model-path DIR --device cpu` needs no other flag.
                         match the reference)
     page size           2 when odd: a ratio-2 entry's two tokens share a page, so radix hits
                         end on entry boundaries and the entry's row is slot // 2
+    CUDA + released format   cuda_defaults.py (MoE runner, FP8 GEMM backend, CUDA graphs off)
 """
 
 from __future__ import annotations
 
 from sglang_dsv41.sglang.backend import BACKEND_NAME
+from sglang_dsv41.sglang.cuda_defaults import cuda_server_defaults
 
 
 def server_defaults(server_args, hf_config) -> dict:
@@ -31,4 +33,5 @@ def server_defaults(server_args, hf_config) -> dict:
         out["dtype"] = str(hf_config.dsv41().torch_dtype).replace("torch.", "")
     if int(cfg.page_size or 1) % 2:
         out["page_size"] = 2
+    out.update(cuda_server_defaults(server_args, hf_config))
     return out

@@ -128,15 +128,16 @@ def placeholder_skipped(cfg: DeepseekV41Config, seed: int = 0) -> dict:
     return out
 
 
-def write_flash_mini(out_dir, seed: int = 0, force: bool = False) -> Path:
-    """Write the flash-mini checkpoint (see module docstring); returns the directory."""
+def write_flash_mini(out_dir, seed: int = 0, force: bool = False, widths=None) -> Path:
+    """Write the flash-mini checkpoint (see module docstring); returns the directory.
+    widths: text_config fields to override (e.g. hidden_size), None for flash-mini's own."""
     from safetensors.torch import save_file
 
     from sglang_dsv41.layers.engram import compressed_token_map
     from sglang_dsv41.tools.tokenizer import save_tokenizer
 
     out = prepare_out_dir(out_dir, force)
-    text = flash_mini_text_config()
+    text = {**flash_mini_text_config(), **(widths or {})}
     save_tokenizer(out, text["vocab_size"], text["max_position_embeddings"])
     from tokenizers import Tokenizer
 

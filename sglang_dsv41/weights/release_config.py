@@ -2,8 +2,9 @@
 
 Released layout (DESIGN.md section 8): top level `architectures`, `model_type`,
 `quantization_config` {quant_method fp8, weight_block_size [32, 32], scale_fmt ue8m0,
-expert_dtype fp4}, `text_config` (every text field, 43 `compress_ratios` with the 3 MTP stages'
-zeros at the end), `vision_config` (the ViT; text-only serving ignores it).
+expert_dtype fp4, activation_scheme dynamic}, `text_config` (every text field, 43
+`compress_ratios` with the 3 MTP stages' zeros at the end), `vision_config` (the ViT; text-only
+serving ignores it).
 
 Engram facts at full size come from the reference's check values: tables start at
 engram_vocab_size 16,000,000 (first prime 16000057), 8 heads x (max_ngram 4 - 1) n-gram sizes =
@@ -26,7 +27,20 @@ QUANTIZATION = {
     "weight_block_size": [32, 32],
     "scale_fmt": "ue8m0",
     "expert_dtype": "fp4",
+    "activation_scheme": "dynamic",
 }
+RELEASED_HF_KEYS = {
+    "num_key_value_heads": 1,
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "initializer_range": 0.02,
+    "use_cache": True,
+}
+"""Generic transformers keys the released text_config carries; SGLang's in-tree V4 model reads
+some of them (it asserts one KV head; its Fp8Config requires `activation_scheme`)."""
 TOP_LEVEL = ("architectures", "model_type", "torch_dtype", "bos_token_id", "eos_token_id")
 FLASH_ENGRAM = {
     "engram_layer_ids": [1, 14],
@@ -53,6 +67,7 @@ def engram_table_rows(text: dict) -> list:
 def flash_text_config() -> dict:
     """Full-size V4.1-Flash text fields (flat dict, as `text_config` plus top-level keys)."""
     text = flash()
+    text.update(RELEASED_HF_KEYS)
     text.update(FLASH_ENGRAM)
     text["engram_num_embeddings"] = engram_table_rows(text)
     text["hc_pre_from_prev_sublayer"] = True

@@ -44,6 +44,7 @@ def test_config_layout(mini):
         "weight_block_size": [32, 32],
         "scale_fmt": "ue8m0",
         "expert_dtype": "fp4",
+        "activation_scheme": "dynamic",
     }
     text = raw["text_config"]
     assert len(text["compress_ratios"]) == 43 and text["compress_ratios"][40:] == [0, 0, 0]

@@ -1,0 +1,71 @@
+"""Server defaults for the in-tree CUDA model (a released-format checkpoint on a CUDA device).
+
+    moe_runner_backend       flashinfer_mxfp4 on SM90 / SM100 / SM120 without an all-to-all
+                             MoE backend: the packed-FP4 routed experts' runner (SGLang's
+                             default Triton runner reads the packed FP4 bytes as FP8)
+    fp8_gemm_runner_backend  flashinfer_cutedsl on SM100 (the 32x32 UE8M0 blocks served as
+                             MXFP8, as SGLang does for its own V4.1); SGLang's default (DeepGEMM
+                             block-32, its Triton fallback) elsewhere
+    prefill / decode CUDA graphs   off (the dsv41 backend captures none)
+On SM90 the FP4 runner (flashinfer CUTLASS, W4A16) needs the hidden size and the per-rank expert
+width (moe_intermediate_size * ep_size / tp_size) to be multiples of 128; V4.1-Flash's 2304 at
+--tp 8 gives 288, so the error says to shard the experts by expert parallelism (--ep-size 8).
+A value the user set explicitly (anything but "auto") is kept. The attention backend and the
+page size come from `server_defaults`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def check_sm90_expert_width(cfg, tp: int, ep: int) -> None:
+    """Raise naming the flag when SGLang's SM90 FP4 MoE runner cannot take the shapes."""
+    width = cfg.moe_intermediate_size * ep // tp
+    if cfg.hidden_size % 128 or width % 128:
+        raise ValueError(
+            f"--ep-size: on SM90 the FP4 routed experts need hidden_size ({cfg.hidden_size}) and "
+            f"the per-rank expert width (moe_intermediate_size {cfg.moe_intermediate_size} x "
+            f"ep {ep} / tp {tp} = {width}) to be multiples of 128; serve the experts expert-"
+            f"parallel (--ep-size {tp})"
+        )
+
+
+def cuda_server_defaults(server_args, hf_config) -> dict:
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.runtime_context import get_platform
+    from sglang.srt.utils import is_flashinfer_available
+
+    from sglang_dsv41.weights.checkpoint import is_release_format
+
+    cfg = resolving_view(server_args)
+    if cfg.device != "cuda" or not is_release_format(hf_config.dsv41()):
+        return {}
+    platform = get_platform()
+    out = {"disable_prefill_cuda_graph": True, "disable_decode_cuda_graph": True}
+    hopper_or_blackwell = platform.is_sm90 or platform.is_sm100 or platform.is_sm120
+    if (
+        cfg.moe_runner_backend == "auto"
+        and cfg.moe_a2a_backend == "none"
+        and hopper_or_blackwell
+        and not platform.is_hip
+    ):
+        if not is_flashinfer_available():
+            raise ValueError(
+                "--moe-runner-backend: the released FP4 routed experts need flashinfer_mxfp4 "
+                "(install flashinfer); SGLang's default runner reads packed FP4 as FP8"
+            )
+        out["moe_runner_backend"] = "flashinfer_mxfp4"
+        if platform.is_sm90:
+            check_sm90_expert_width(hf_config.dsv41(), int(cfg.tp_size), int(cfg.ep_size or 1))
+    if (
+        platform.is_sm100
+        and not platform.is_hip
+        and cfg.fp8_gemm_runner_backend == "auto"
+        and is_flashinfer_available()
+    ):
+        out["fp8_gemm_runner_backend"] = "flashinfer_cutedsl"
+    logger.info("sglang_dsv41: in-tree CUDA model defaults %s", out)
+    return out

@@ -1,0 +1,128 @@
+"""The in-tree replay-tail protocol, implemented from this package's replay floors.
+
+With decoder SWA bounded replay on, SGLang's in-tree V4 layer loop (DeepseekV4Model) runs the
+layers from `late_layer_start` (the last kv source, the first decoder layer) over a tail of
+rows only, and asks the attention backend for five members:
+
+    tail_forward_metadata.late_layer_tail   the tail rows (SGLang's LateLayerTail struct)
+    write_tail_source_kv(layer, x, ...)     the source layer's input over every row, before the
+                                            tail; here it is kept and handed to that layer's own
+                                            forward as `x_all` (our path compresses all rows
+                                            there, then attends the tail rows)
+    enter_late_layer_tail(fb) -> saved      the layers now see the tail rows
+    exit_late_layer_tail(saved, fb)         back to every row
+    prefill_graph_late_layer_saved          prefill CUDA graphs only; they stay off (None)
+
+The tail is DESIGN.md 5's: per request, the rows at positions >= its floor (`runtime`'s replay
+floor, 0 for a full forward), i.e. the last min(window, prompt) prompt tokens. The mixin is
+cooperative: `class B(LateLayerTailMixin, DSV41AttnBackend)` builds the tail after the base
+class built `forward_batch.dsv41_context` (`tail_backend.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_dsv41.sglang import runtime
+from sglang_dsv41.sglang.context import BatchContext, Rows
+
+
+@dataclass
+class TailMetadata:
+    """What the in-tree loop reads (`late_layer_tail`) and the tail's rows for our layers."""
+
+    late_layer_tail: object  # sglang's LateLayerTail
+    rows: Rows
+
+
+@dataclass
+class LateTail:
+    """Between enter and exit: the rows the late layers run over, and the kv source's input
+    over every row until that layer takes it."""
+
+    rows: Rows
+    source_layer: int | None = None
+    source: tuple | None = field(default=None, repr=False)  # (x [T_all, hidden], Rows)
+
+    def take_source(self) -> tuple:
+        x_all, rows_all = self.source
+        self.source = None
+        return x_all, rows_all
+
+
+def tail_rows(ctx: BatchContext) -> tuple[torch.Tensor, Rows, list]:
+    """(keep bool [T], the kept Rows, kept rows per request) of a batch under its floors."""
+    keep = ctx.rows.pos >= ctx.row_floors(ctx.rows)
+    rows = ctx.rows.select(keep)
+    return keep, rows, [n for _, n in rows.spans]
+
+
+def late_layer_tail(forward_batch, ctx: BatchContext):
+    """SGLang's LateLayerTail for this batch's tail rows (device tensors on the batch's device)."""
+    from sglang.srt.layers.attention.deepseek_v4_backend import LateLayerTail
+
+    keep, rows, lens = tail_rows(ctx)
+    dev = forward_batch.out_cache_loc.device
+    idx = rows.ids.to(dev)
+    extend = [n for _, n in ctx.rows.spans]
+    contiguous = None
+    if len(extend) == 1:
+        contiguous = extend[0] - lens[0]
+    return LateLayerTail(
+        token_indices=idx,
+        positions=forward_batch.positions[idx],
+        extend_seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+        extend_seq_lens_cpu=lens,
+        swa_out_cache_loc=forward_batch.out_cache_loc[idx],
+        contiguous_start=contiguous,
+    ), rows
+
+
+class LateLayerTailMixin:
+    """Backend members of the in-tree replay-tail protocol (module docstring)."""
+
+    wants_late_layer_tail = True  # False: the served model replays in its own loop
+    tail_forward_metadata: TailMetadata | None = None
+    late_tail: LateTail | None = None
+    prefill_graph_late_layer_saved = None
+    _tail_source: tuple | None = None
+
+    def init_forward_metadata(self, forward_batch):
+        super().init_forward_metadata(forward_batch)
+        self.init_late_layer_tail(forward_batch)
+
+    def init_late_layer_tail(self, forward_batch) -> None:
+        self.tail_forward_metadata, self.late_tail, self._tail_source = None, None, None
+        ctx = getattr(forward_batch, "dsv41_context", None)
+        if ctx is None or not runtime.STATE.replay or not self.wants_late_layer_tail:
+            return
+        if not forward_batch.forward_mode.is_extend_without_speculative():
+            return
+        tail, rows = late_layer_tail(forward_batch, ctx)
+        self.tail_forward_metadata = TailMetadata(tail, rows)
+
+    def write_tail_source_kv(self, *, layer, x, positions, forward_batch) -> None:
+        ctx = forward_batch.dsv41_context
+        if x.shape[0] != ctx.rows.n:
+            raise RuntimeError(
+                f"write_tail_source_kv: {x.shape[0]} rows, the batch has {ctx.rows.n}"
+            )
+        self._tail_source = (layer.layer_id, x, ctx.rows)
+
+    def enter_late_layer_tail(self, forward_batch) -> tuple:
+        meta = self.tail_forward_metadata
+        if meta is None:
+            raise RuntimeError("enter_late_layer_tail: no tail metadata for this forward")
+        saved = (self.late_tail,)
+        tail = LateTail(rows=meta.rows)
+        if self._tail_source is not None:
+            tail.source_layer, x, rows_all = self._tail_source
+            tail.source = (x, rows_all)
+            self._tail_source = None
+        self.late_tail = tail
+        return saved
+
+    def exit_late_layer_tail(self, saved: tuple, forward_batch) -> None:
+        (self.late_tail,) = saved
