@@ -8,6 +8,7 @@
 #   ref     DSV41_FORCE_REF=1 (the kernels' torch references on CUDA), graphs on, replay on
 #   full    --no-enable-decoder-swa-bounded-replay (the exact full forward), Triton
 #   eager   as triton with --disable-cuda-graph
+#   sync    as triton with --disable-overlap-schedule (forwards and scheduling in one stream)
 # Every mode: --chunked-prefill-size 64 (prompts of up to 400 tokens prefill in chunks),
 # --sampling-backend pytorch --grammar-backend none (flashinfer / xgrammar kernels are not on the
 # machine), SGLang's Python radix tree core (its Rust one is built against another torch).
@@ -75,6 +76,7 @@ for m in "${MODES[@]}"; do
     ref)    run_mode ref replay 30002 DSV41_FORCE_REF=1 -- ;;
     full)   run_mode full full 30003 X=1 -- --no-enable-decoder-swa-bounded-replay ;;
     eager)  run_mode eager replay 30004 X=1 -- --disable-cuda-graph ;;
+    sync)   run_mode sync replay 30005 X=1 -- --disable-overlap-schedule ;;
     *) say "unknown mode $m" ;;
   esac
 done

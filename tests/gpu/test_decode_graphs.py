@@ -41,7 +41,7 @@ def test_graph_decode_equals_eager_bitwise(replay):
     eager = ToyEngine(m, device="cuda", replay=replay, max_requests=8, seed=1)
     graph = ToyEngine(m, device="cuda", replay=replay, max_requests=8, seed=1)
     dec = GraphDecoder(graph, SIZES)
-    pool = prompts([5, 19, 40, 3, 66, 27, 90, 12, 33, 8], seed=13)
+    pool = prompts([5, 19, 40, 3, 66, 27, 90, 12, 33, 8, 50, 21, 7, 44], seed=13)
     live, nxt, steps, sizes_seen = {}, {}, 0, set()
     for step in range(60):
         if pool and (len(live) < 7 and step % 3 == 0 or not live):  # a request joins
