@@ -60,11 +60,13 @@ def _build_pool(original, self, *, sizes, req_to_token_pool, **kwargs):
 
 
 def request_floor(req) -> int:
-    """Decoder replay floor of a scheduler Req (see runtime.replay_floor)."""
-    wants = (
-        bool(getattr(req, "return_logprob", False)) and getattr(req, "logprob_start_len", -1) >= 0
-    )
-    return runtime.replay_floor(len(req.origin_input_ids), wants)
+    """Decoder replay floor of a scheduler Req (see runtime.replay_floor). Only prompt logprobs
+    (a start inside the prompt) need the full forward: for output-only logprobs SGLang sets
+    `logprob_start_len = len(prompt)`, which must leave the floor as it is."""
+    n = len(req.origin_input_ids)
+    start = getattr(req, "logprob_start_len", -1)
+    wants = bool(getattr(req, "return_logprob", False)) and 0 <= start < n
+    return runtime.replay_floor(n, wants)
 
 
 def _init_new(result, cls, batch, *args, **kwargs):
