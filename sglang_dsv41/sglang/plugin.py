@@ -7,7 +7,8 @@ server arguments. It wires this package into SGLang through extension points onl
   - ModelRegistry: `DeepseekV41ForCausalLM` -> this package's model class;
   - the attention-backend registry and the `--attention-backend` choices: `dsv41`;
   - a per-architecture override: attention backend `dsv41` and CPU-friendly defaults;
-  - HookRegistry hooks for the KV pool and the scheduler (see hooks.py).
+  - HookRegistry hooks for the KV pool and the scheduler (see hooks.py);
+  - request checks on every route that reaches the model (see guard_hooks.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def register() -> None:
     _register_backend()
     _register_overrides()
     _register_hooks()
+    _register_guards()
     logger.info("sglang_dsv41: registered deepseek_v41 config, model, backend 'dsv41'")
 
 
@@ -78,3 +80,9 @@ def _register_hooks() -> None:
     from sglang_dsv41.sglang.hooks import register_hooks
 
     register_hooks()
+
+
+def _register_guards() -> None:
+    from sglang_dsv41.sglang.guard_hooks import register_guards
+
+    register_guards()
