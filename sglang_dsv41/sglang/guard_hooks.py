@@ -133,7 +133,7 @@ def admission_error(req, vocab_size: int) -> str | None:
     """The scheduler's last check of a Req: token ids, top-logprob count, stop ids."""
     try:
         check_token_ids(req.origin_input_ids, vocab_size, "input_ids")
-        n = getattr(req, "top_logprobs_num", 0)
+        n = getattr(getattr(req, "logprob", None), "top_logprobs_num", 0)  # Req.logprob
         check_count(n, vocab_size, "top_logprobs_num", "the vocabulary size")
         stop = getattr(getattr(req, "sampling_params", None), "stop_token_ids", None)
         if stop:

@@ -144,20 +144,21 @@ def test_openai_names_and_zero_tokens():
 
 
 def test_scheduler_admission_check():
+    """On SGLang's own Req, so a renamed attribute fails here rather than in a server."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
     from sglang_dsv41.sglang.guard_hooks import admission_error
 
     def req(ids, top=0, stop=None):
-        return SimpleNamespace(
-            origin_input_ids=array("q", ids),
-            top_logprobs_num=top,
-            sampling_params=SimpleNamespace(stop_token_ids=stop),
-        )
+        sp = SamplingParams(max_new_tokens=1, stop_token_ids=stop)
+        return Req("r", "", ids, sp, return_logprob=True, top_logprobs_num=top)
 
     assert admission_error(req([1, 2, 3]), 512) is None
-    assert admission_error(req([1, 2], top=512, stop={3, 4}), 512) is None
+    assert admission_error(req([1, 2], top=512, stop=[3, 4]), 512) is None
     assert "input_ids[1] = 512" in admission_error(req([1, 512]), 512)
     assert "top_logprobs_num = 513" in admission_error(req([1], top=513), 512)
-    assert "stop_token_ids" in admission_error(req([1], stop={9999}), 512)
+    assert "stop_token_ids[0] = 9999" in admission_error(req([1], stop=[9999]), 512)
 
 
 def test_validation_message_has_no_source_path():
