@@ -2,7 +2,8 @@
 
     http_server.serve_generate_request       /generate, streamed or not, before a stream starts
                                              (so a bad request gets a 400, not an error event
-                                             inside a 200 stream)
+                                             inside a 200 stream); SGLang's own request checks
+                                             run there too, on a copy
     OpenAIServingCompletion / OpenAIServingChat._convert_to_internal_request
                                              /v1/completions, /v1/chat/completions: the
                                              converted request, named with the route's fields;
@@ -22,6 +23,7 @@ scheduler and detokenizer processes do not import the HTTP server.
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -37,6 +39,7 @@ from sglang_dsv41.sglang.request_guard import (
     Prompt,
     RequestRejected,
     check_count,
+    check_openai_limits,
     check_prompt,
     check_token_ids,
     prompts_of_generate,
@@ -76,9 +79,10 @@ def limits_of(tokenizer_manager) -> Limits | None:
 
 
 def check_before_stream(obj, tokenizer_manager, names: Names) -> None:
-    """Every prompt of a GenerateReqInput (not yet normalized). A text prompt is tokenized here
-    only when its length alone could exceed the context, and only for a stream (else the
-    tokenizer manager's own check answers before any byte is sent)."""
+    """Every prompt of a GenerateReqInput (not yet normalized), then SGLang's own checks of it on
+    a copy, so they too answer 400 before a stream starts. A text prompt is tokenized here only
+    when its length alone could exceed the context, and only for a stream (else the tokenizer
+    manager's own check answers before any byte is sent)."""
     limits = limits_of(tokenizer_manager)
     if limits is None:
         return
@@ -87,6 +91,28 @@ def check_before_stream(obj, tokenizer_manager, names: Names) -> None:
             if len(p.text.encode()) + _BYTES_MARGIN >= limits.context_len:
                 p.ids = list(tokenizer_manager.tokenizer.encode(p.text))
         check_prompt(p, limits, names)
+    _sglang_checks(obj, tokenizer_manager, limits)
+
+
+def _sglang_checks(obj, tokenizer_manager, limits: Limits) -> None:
+    """What SGLang checks once the request is under way: its normalization (a shallow copy: it
+    only reassigns fields) and each sampling-parameter set (an unknown key is a TypeError
+    there, a 500; here a 400)."""
+    probe = copy.copy(obj)
+    probe.normalize_batch_and_arguments()
+    sets = (
+        probe.sampling_params
+        if isinstance(probe.sampling_params, list)
+        else [probe.sampling_params]
+    )
+    preferred = getattr(tokenizer_manager, "preferred_sampling_params", None) or {}
+    for sp in sets:
+        try:
+            params = tokenizer_manager.sampling_params_class(**{**preferred, **(sp or {})})
+        except TypeError as e:
+            raise RequestRejected(f"sampling_params: {e}") from None
+        params.normalize(tokenizer_manager.tokenizer)
+        params.verify(limits.vocab_size)
 
 
 async def _serve_generate(original, obj, request, *args, **kwargs):
@@ -94,7 +120,7 @@ async def _serve_generate(original, obj, request, *args, **kwargs):
 
     try:
         check_before_stream(obj, get_global_state().tokenizer_manager, GENERATE)
-    except RequestRejected as e:
+    except ValueError as e:  # RequestRejected, or SGLang's own (its HTTP layer's 400 too)
         from fastapi.responses import ORJSONResponse
 
         return ORJSONResponse({"error": {"message": str(e)}}, status_code=400)
@@ -103,6 +129,9 @@ async def _serve_generate(original, obj, request, *args, **kwargs):
 
 def _openai_names(names: Names):
     def after(result, serving, request, *args, **kwargs):
+        if limits_of(serving.tokenizer_manager) is None:
+            return result
+        check_openai_limits(request)
         adapted = result[0]
         if hasattr(adapted, "sampling_params"):  # a GenerateReqInput
             check_before_stream(adapted, serving.tokenizer_manager, names)

@@ -8,7 +8,8 @@ server arguments. It wires this package into SGLang through extension points onl
   - the attention-backend registry and the `--attention-backend` choices: `dsv41`;
   - a per-architecture override: attention backend `dsv41` and CPU-friendly defaults;
   - HookRegistry hooks for the KV pool and the scheduler (see hooks.py);
-  - request checks on every route that reaches the model (see guard_hooks.py).
+  - request checks on every route that reaches the model (see guard_hooks.py);
+  - the CPU scheduler's torch threads (see cpu_threads.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def register() -> None:
     _register_overrides()
     _register_hooks()
     _register_guards()
+    _register_cpu_threads()
     logger.info("sglang_dsv41: registered deepseek_v41 config, model, backend 'dsv41'")
 
 
@@ -86,3 +88,9 @@ def _register_guards() -> None:
     from sglang_dsv41.sglang.guard_hooks import register_guards
 
     register_guards()
+
+
+def _register_cpu_threads() -> None:
+    from sglang_dsv41.sglang.cpu_threads import register_cpu_threads
+
+    register_cpu_threads()

@@ -181,3 +181,12 @@ def prompts_of_generate(obj) -> list[Prompt]:
         p.logprob_start_len = at(obj.logprob_start_len, i, -1)
         p.top_logprobs_num = at(obj.top_logprobs_num, i, 0)
     return prompts
+
+
+def check_openai_limits(request) -> None:
+    """The OpenAI fields SGLang folds away before its own checks: `max_completion_tokens: 0`
+    (or `max_tokens: 0` on chat) would mean "no limit" after its `a or b`."""
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = getattr(request, field, None)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise RequestRejected(f"{field} = {value!r} must be at least 1")

@@ -189,3 +189,11 @@ def test_limits_only_for_this_architecture():
 
     assert limits_of(tm("DeepseekV41ForCausalLM")) == LIM
     assert limits_of(tm("LlamaForCausalLM")) is None
+
+
+def test_openai_zero_limits_refused():
+    from sglang_dsv41.sglang.request_guard import check_openai_limits
+
+    check_openai_limits(SimpleNamespace(max_tokens=None, max_completion_tokens=3))
+    for fields in (dict(max_tokens=0), dict(max_completion_tokens=0), dict(max_tokens=-1)):
+        _rejects(check_openai_limits, SimpleNamespace(**fields), match="must be at least 1")
