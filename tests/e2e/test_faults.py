@@ -198,79 +198,132 @@ def test_zero_new_tokens_is_a_prompt_scoring_request(server, fixed):
 
 
 # --- fuzz ------------------------------------------------------------------------------------
+# A body is a valid request of the route with up to two fields replaced by arbitrary or
+# borderline values, so the answers mix 200s (the model ran) and 4xx (refused). Every body
+# bounds its output to a few tokens, so the fuzz stays fast on two cores.
 
-_ids = st.lists(st.integers(-3, VOCAB + 3), min_size=0, max_size=24)
-_maybe = st.none() | st.integers(-3, 8) | st.text(max_size=4) | st.booleans()
-_small = st.integers(-2, 6)
-# Every body bounds its output (a few tokens), so the fuzz stays fast on two cores.
-_sampling = st.fixed_dictionaries(
-    {"max_new_tokens": _small},
-    optional={
-        "temperature": st.sampled_from([0, 0.5, 1.0, -1, 2.5]),
-        "top_p": st.sampled_from([1.0, 0.5, 0, 2]),
-        "top_k": st.sampled_from([-1, 1, 5, VOCAB, VOCAB + 100, 0]),
-        "min_new_tokens": st.integers(-1, 3),
-        "stop_token_ids": _ids,
-        "stop": st.sampled_from(["a", ["x", "y"], ""]),
-        "ignore_eos": st.booleans(),
-        "sampling_seed": st.integers(-3, 2**64),
-        "logit_bias": st.dictionaries(st.sampled_from(["1", "511", "512", "-1", "x"]), _small),
-        "junk": _maybe,
-    },
+_junk = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.lists(st.integers(-5, VOCAB + 5), max_size=4)
+    | st.dictionaries(st.text(max_size=3), st.integers(-3, 3), max_size=2)
 )
-_logprobs = {
-    "return_logprob": st.booleans(),
-    "top_logprobs_num": st.integers(-2, VOCAB + 2) | st.none(),
-    "logprob_start_len": st.integers(-3, 30) | st.none(),
-}
-GENERATE_BODIES = st.fixed_dictionaries(
-    {"sampling_params": _sampling},
-    optional={
-        "input_ids": _ids | st.lists(_ids, min_size=1, max_size=3) | _maybe,
-        "text": st.text(max_size=12) | st.lists(st.text(max_size=6), max_size=3),
-        "stream": st.booleans(),
-        **_logprobs,
-    },
-)
-_openai = {
-    "temperature": st.sampled_from([0, 1.0, -1, 3]),
-    "top_p": st.sampled_from([1.0, 0.3, 0, 1.5]),
-    "n": st.integers(0, 3),
-    "stream": st.booleans(),
-    "seed": st.integers(-5, 2**40) | st.none(),
-    "stop": st.sampled_from(["a", ["x", "y"], None]),
-    "logit_bias": st.dictionaries(st.sampled_from(["5", "600", "-2"]), _small),
-    "junk": _maybe,
-}
-COMPLETION_BODIES = st.fixed_dictionaries(
+_good_ids = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24)
+_any_ids = st.lists(st.integers(-3, VOCAB + 3), max_size=24) | _junk
+_text = st.text(min_size=1, max_size=12)
+
+
+def _mutated(base, mutations: dict):
+    """base bodies with 0-2 fields (dotted: inside a sub-dict) set to a mutation's value."""
+    pairs = st.one_of([st.tuples(st.just(k), v) for k, v in mutations.items()])
+
+    def apply(body, changes):
+        body = json.loads(json.dumps(body))
+        for key, value in changes:
+            *outer, last = key.split(".")
+            target = body
+            for part in outer:
+                target = target.setdefault(part, {})
+            target[last] = value
+        return body
+
+    return st.builds(apply, base, st.lists(pairs, max_size=2, unique_by=lambda kv: kv[0]))
+
+
+_small = st.integers(1, 4)
+GENERATE_BODIES = _mutated(
+    st.fixed_dictionaries(
+        {
+            "input_ids": _good_ids,
+            "sampling_params": st.fixed_dictionaries(
+                {"max_new_tokens": _small, "temperature": st.sampled_from([0, 0.7])}
+            ),
+            "stream": st.booleans(),
+            "return_logprob": st.booleans(),
+            "top_logprobs_num": st.integers(0, 5),
+        }
+    ),
     {
-        "model": st.just("tiny"),
-        "max_tokens": _small,
-        "prompt": st.text(max_size=12)
-        | _ids
-        | st.lists(_ids, min_size=1, max_size=2)
-        | st.lists(st.text(max_size=6), max_size=2),
+        "input_ids": _any_ids | st.lists(_any_ids, min_size=1, max_size=3),
+        "text": _text | st.just("") | st.lists(_text, max_size=3) | _junk,
+        "sampling_params.max_new_tokens": st.integers(-2, 6) | _junk,
+        "sampling_params.temperature": st.floats() | _junk,
+        "sampling_params.top_p": st.floats() | _junk,
+        "sampling_params.top_k": st.integers(-2, VOCAB + 100) | _junk,
+        "sampling_params.min_new_tokens": st.integers(-1, 8) | _junk,
+        "sampling_params.stop_token_ids": _any_ids,
+        "sampling_params.stop": _text | st.lists(_text, max_size=3) | _junk,
+        "sampling_params.logit_bias": st.dictionaries(
+            st.sampled_from(["1", "511", "512", "-1", "x"]), st.integers(-5, 5)
+        ),
+        "sampling_params.sampling_seed": st.integers(-(2**64), 2**64) | _junk,
+        "sampling_params.n": st.integers(-1, 3) | _junk,
+        "sampling_params.junk": _junk,
+        "top_logprobs_num": st.integers(-2, VOCAB + 2) | _junk,
+        "logprob_start_len": st.integers(-3, 30) | _junk,
+        "return_logprob": _junk,
+        "stream": _junk,
+        "rid": _junk,
     },
-    optional={**_openai, "logprobs": st.integers(-2, VOCAB + 2), "echo": st.booleans()},
+)
+_openai_mutations = {
+    "temperature": st.floats() | _junk,
+    "top_p": st.floats() | _junk,
+    "n": st.integers(-1, 3) | _junk,
+    "stream": _junk,
+    "seed": st.integers(-(2**64), 2**64) | _junk,
+    "stop": _text | st.lists(_text, max_size=5) | _junk,
+    "logit_bias": st.dictionaries(st.sampled_from(["5", "600", "-2", "x"]), st.integers(-5, 5)),
+    "stop_token_ids": _any_ids,
+    "top_k": st.integers(-2, VOCAB + 100),
+    "junk": _junk,
+}
+COMPLETION_BODIES = _mutated(
+    st.fixed_dictionaries(
+        {
+            "model": st.just("tiny"),
+            "prompt": _good_ids | _text,
+            "max_tokens": _small,
+            "temperature": st.sampled_from([0, 0.7]),
+            "stream": st.booleans(),
+        }
+    ),
+    {
+        **_openai_mutations,
+        "prompt": _any_ids | st.lists(_any_ids, min_size=1, max_size=2) | st.just("") | _junk,
+        "max_tokens": st.integers(-2, 6) | _junk,
+        "logprobs": st.integers(-2, VOCAB + 2) | _junk,
+        "echo": _junk,
+    },
 )
 _message = st.fixed_dictionaries(
-    {
-        "role": st.sampled_from(["user", "assistant", "system", "robot"]),
-        "content": st.text(max_size=12) | st.none(),
-    }
+    {"role": st.sampled_from(["user", "assistant", "system", "robot"]), "content": _text | _junk}
 )
-CHAT_BODIES = st.fixed_dictionaries(
+CHAT_BODIES = _mutated(
+    st.fixed_dictionaries(
+        {
+            "model": st.just("tiny"),
+            "messages": st.lists(
+                st.fixed_dictionaries({"role": st.just("user"), "content": _text}),
+                min_size=1,
+                max_size=2,
+            ),
+            "max_tokens": _small,
+            "temperature": st.sampled_from([0, 0.7]),
+            "stream": st.booleans(),
+        }
+    ),
     {
-        "model": st.just("tiny"),
-        "messages": st.lists(_message, min_size=0, max_size=3),
-        "max_completion_tokens": _small,
-    },
-    optional={
-        **_openai,
-        "logprobs": st.booleans(),
-        "top_logprobs": st.integers(-2, VOCAB + 2),
-        "max_tokens": _small,
-        "input_ids": _ids,
+        **_openai_mutations,
+        "messages": st.lists(_message, max_size=3) | _junk,
+        "max_tokens": st.integers(-2, 6) | _junk,
+        "max_completion_tokens": st.integers(-2, 6) | _junk,
+        "logprobs": _junk,
+        "top_logprobs": st.integers(-2, VOCAB + 2) | _junk,
+        "input_ids": _any_ids,
     },
 )
 FUZZ = [
@@ -326,70 +379,76 @@ def wait_idle(server, timeout: float = 120.0) -> dict:
     raise TimeoutError(f"requests still running after {timeout}s: {load}")
 
 
+LONG = 3500  # tokens asked for by the requests that are cut off (the context is 4096)
+
+
 def _open_stream(server, path, body):
-    """Start a streamed request and read until its first event; return the open connection."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    """Start a streamed request and read until its first event: (connection, response)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=300)
     conn.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
     r = conn.getresponse()
     assert r.status == 200
+    _next_event(r)
+    return conn, r
+
+
+def _next_event(r) -> None:
     while not r.fp.readline().startswith(b"data:"):
         pass
-    return conn
+
+
+def _cut(conn) -> None:
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
 
 
 def test_aborted_streams_and_disconnects_free_their_slots(server, fixed, prompts):
+    """Clients that go away (mid-stream, before a non-streamed answer, mid-body) and a request
+    aborted by id: the server goes idle long before the requests could have finished (the
+    time is measured against their own token rate) and its used KV tokens return to the start."""
     start = wait_idle(server)
-    long = {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}
-    conns = [
+    long = {"max_new_tokens": LONG, "temperature": 0, "ignore_eos": True}
+    openai = {"max_tokens": LONG, "stream": True, "ignore_eos": True}
+    streams = [
         _open_stream(
             server, "/generate", {"input_ids": prompts[12], "sampling_params": long, "stream": True}
         ),
+        _open_stream(server, "/v1/completions", {"model": "tiny", "prompt": prompts[9], **openai}),
+        _open_stream(server, "/v1/chat/completions", {**_chat(), **openai}),
         _open_stream(
             server,
-            "/v1/completions",
-            {
-                "model": "tiny",
-                "prompt": prompts[9],
-                "max_tokens": 400,
-                "stream": True,
-                "ignore_eos": True,
-            },
-        ),
-        _open_stream(
-            server,
-            "/v1/chat/completions",
-            {**_chat(max_tokens=400, stream=True), "ignore_eos": True},
+            "/generate",
+            {"input_ids": prompts[11], "sampling_params": long, "stream": True, "rid": "cut-by-id"},
         ),
     ]
-    assert loads(server)["num_running_reqs"] >= 1
-    for c in conns:  # the client goes away mid-stream
-        c.sock.shutdown(socket.SHUT_RDWR)
-        c.close()
-    # a non-streamed request whose client disconnects before the answer
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
-    body = {"input_ids": prompts[10], "sampling_params": long}
-    conn.request(
-        "POST", "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    time.sleep(1.0)
-    conn.sock.shutdown(socket.SHUT_RDWR)
-    conn.close()
-    # a request cut off in the middle of its body
+    # a non-streamed request whose client will leave before the answer
+    quiet = http.client.HTTPConnection("127.0.0.1", server.port, timeout=300)
+    body = json.dumps({"input_ids": prompts[10], "sampling_params": long}).encode()
+    quiet.request("POST", "/generate", body, {"Content-Type": "application/json"})
+    deadline = time.time() + 120
+    while loads(server)["num_running_reqs"] < 5:
+        assert time.time() < deadline, loads(server)
+        _next_event(streams[0][1])
+    # the token rate of these requests, running together
+    t0, n = time.time(), 8
+    for _ in range(n):
+        _next_event(streams[0][1])
+    rate = n / (time.time() - t0)
+
+    for conn, _ in streams[:3]:
+        _cut(conn)
+    _cut(quiet)
+    status, out = post(server.url + "/abort_request", {"rid": "cut-by-id"})
+    assert status == 200, out
+    streams[3][0].close()
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
         s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
         s.sendall(b'Content-Length: 500\r\n\r\n{"input_ids": [1, 2')
-    # and one aborted by id
-    rid = "faults-abort-by-id"
-    c = _open_stream(
-        server,
-        "/generate",
-        {"input_ids": prompts[11], "sampling_params": long, "stream": True, "rid": rid},
-    )
-    status, out = post(server.url + "/abort_request", {"rid": rid})
-    assert status == 200, out
-    c.close()
+    t_cut = time.time()
 
     end = wait_idle(server)
+    natural = (LONG - 200) / rate
+    assert time.time() - t_cut < natural / 4, (time.time() - t_cut, natural)
     assert end["num_used_tokens"] == start["num_used_tokens"], (start, end)
     still_exact(server, fixed)
     assert wait_idle(server)["num_used_tokens"] == start["num_used_tokens"]
