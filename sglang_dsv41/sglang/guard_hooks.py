@@ -29,6 +29,7 @@ import multiprocessing
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_dsv41.sglang import runtime
+from sglang_dsv41.sglang.deterministic import deterministic_on
 from sglang_dsv41.sglang.hf_config import ARCH
 from sglang_dsv41.sglang.request_guard import (
     CHAT,
@@ -41,6 +42,7 @@ from sglang_dsv41.sglang.request_guard import (
     check_count,
     check_openai_limits,
     check_prompt,
+    check_seeded_sampling,
     check_token_ids,
     prompts_of_generate,
 )
@@ -113,6 +115,7 @@ def _sglang_checks(obj, tokenizer_manager, limits: Limits) -> None:
             raise RequestRejected(f"sampling_params: {e}") from None
         params.normalize(tokenizer_manager.tokenizer)
         params.verify(limits.vocab_size)
+        check_seeded_sampling(params.min_p, deterministic_on())
 
 
 async def _serve_generate(original, obj, request, *args, **kwargs):
@@ -158,9 +161,11 @@ def _validate_one(tokenizer_manager, obj, input_ids, *args, **kwargs):
     return None
 
 
-def admission_error(req, vocab_size: int) -> str | None:
-    """The scheduler's last check of a Req: token ids, top-logprob count, stop ids."""
+def admission_error(req, vocab_size: int, deterministic: bool = False) -> str | None:
+    """The scheduler's last check of a Req: token ids, top-logprob count, stop ids, and min_p
+    under deterministic inference."""
     try:
+        check_seeded_sampling(getattr(req.sampling_params, "min_p", 0.0), deterministic)
         check_token_ids(req.origin_input_ids, vocab_size, "input_ids")
         n = getattr(getattr(req, "logprob", None), "top_logprobs_num", 0)  # Req.logprob
         check_count(n, vocab_size, "top_logprobs_num", "the vocabulary size")
@@ -175,7 +180,7 @@ def admission_error(req, vocab_size: int) -> str | None:
 def _admit(result, req, *args, **kwargs):
     if result is not None or not runtime.active():
         return result
-    return admission_error(req, runtime.STATE.cfg.vocab_size)
+    return admission_error(req, runtime.STATE.cfg.vocab_size, deterministic_on())
 
 
 def validation_message(errors) -> str:

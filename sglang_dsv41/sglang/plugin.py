@@ -5,7 +5,8 @@ server arguments. It wires this package into SGLang through extension points onl
   - the config registry and AutoConfig: `model_type deepseek_v41` -> DeepseekV41HFConfig, which
     keeps the architecture `DeepseekV41ForCausalLM` (the in-tree class renames it to V4);
   - ModelRegistry: `DeepseekV41ForCausalLM` -> this package's model class;
-  - the attention-backend registry and the `--attention-backend` choices: `dsv41`;
+  - the attention-backend registry and the `--attention-backend` choices: `dsv41` (also
+    accepted by `--enable-deterministic-inference`, see deterministic.py);
   - a per-architecture override: attention backend `dsv41` and CPU-friendly defaults;
   - HookRegistry hooks for the KV pool and the scheduler (see hooks.py);
   - request checks on every route that reaches the model (see guard_hooks.py);
@@ -67,6 +68,9 @@ def _register_backend() -> None:
     register_attention_backend(BACKEND_NAME)(create_backend)
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([BACKEND_NAME])
+    from sglang_dsv41.sglang.deterministic import register_deterministic
+
+    register_deterministic(BACKEND_NAME)
 
 
 def _register_overrides() -> None:

@@ -15,6 +15,8 @@ Rules (one `Prompt` = one prompt of a request, whatever the route):
     max new tokens     at least 1 on every route; 0 only for a /generate logprob request
                        (return_logprob: prompt scoring or next-token logprobs), which is how
                        SGLang's own scoring API uses it; the OpenAI routes require >= 1
+    min_p              0 under --enable-deterministic-inference (SGLang's seeded sampler
+                       asserts it away inside the scheduler)
 """
 
 from __future__ import annotations
@@ -190,3 +192,13 @@ def check_openai_limits(request) -> None:
         value = getattr(request, field, None)
         if value is not None and (not _is_int(value) or value < 1):
             raise RequestRejected(f"{field} = {value!r} must be at least 1")
+
+
+def check_seeded_sampling(min_p, deterministic: bool) -> None:
+    """SGLang's seeded sampler (deterministic inference) has no min_p: it asserts, in the
+    scheduler, that no row of the batch asks for it."""
+    if deterministic and min_p:
+        raise RequestRejected(
+            f"min_p = {min_p!r}: min_p sampling is not available with "
+            "--enable-deterministic-inference (leave it at 0)"
+        )
