@@ -77,6 +77,7 @@ def limits_of(tokenizer_manager) -> Limits | None:
         vocab_size=int(mc.vocab_size),
         context_len=int(tokenizer_manager.context_len),
         reserved=int(getattr(tokenizer_manager, "num_reserved_tokens", 0) or 0),
+        auto_truncate=bool(getattr(tokenizer_manager, "allow_auto_truncate", False)),
     )
 
 

@@ -8,6 +8,7 @@ value; guard_hooks.py runs these checks on each route (see there for where).
 
 Rules (one `Prompt` = one prompt of a request, whatever the route):
     token ids          ints in [0, vocab); at least one; fewer than the context length
+                       (unless --allow-auto-truncate)
     text               not empty; not given together with input_ids (/generate)
     top logprobs       0 <= n <= vocab
     logprob_start_len  -1 (no prompt logprobs) or in [0, prompt length]
@@ -30,11 +31,13 @@ class RequestRejected(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """What the served model accepts. `reserved` = tokens SGLang reserves per request."""
+    """What the served model accepts. `reserved` = tokens SGLang reserves per request;
+    `auto_truncate` = SGLang's --allow-auto-truncate (long prompts are cut, not refused)."""
 
     vocab_size: int
     context_len: int
     reserved: int = 0
+    auto_truncate: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ def check_prompt(p: Prompt, limits: Limits, names: Names = GENERATE) -> None:
             raise RequestRejected(f"{field} is empty: give at least one token id")
         check_token_ids(p.ids, limits.vocab_size, field)
         n = len(p.ids) + limits.reserved
-        if n >= limits.context_len:
+        if n >= limits.context_len and not limits.auto_truncate:
             raise RequestRejected(
                 f"the prompt{p.index} has {n} tokens; the context length is {limits.context_len}, "
                 "so a prompt must have fewer tokens than that"

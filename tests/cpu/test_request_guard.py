@@ -131,6 +131,14 @@ def test_generate_bodies_accepted(fields):
         check_prompt(p, LIM, GENERATE)
 
 
+def test_auto_truncate_takes_long_prompts():
+    from dataclasses import replace
+
+    long = Prompt(ids=[5] * 5000)
+    _rejects(check_prompt, long, LIM, match="the prompt has 5000 tokens")
+    check_prompt(long, replace(LIM, auto_truncate=True))
+
+
 def test_openai_names_and_zero_tokens():
     p = Prompt(ids=[5, 999], max_new_tokens=2)
     _rejects(check_prompt, p, LIM, COMPLETIONS, match=r"prompt\[1\] = 999")
