@@ -6,9 +6,12 @@ server arguments. It wires this package into SGLang through extension points onl
     keeps the architecture `DeepseekV41ForCausalLM` (the in-tree class renames it to V4);
   - ModelRegistry: `DeepseekV41ForCausalLM` -> this package's model class (model_choice.py:
     the in-tree CUDA skeleton for a released-format checkpoint on CUDA, else pure torch);
-  - the attention-backend registry and the `--attention-backend` choices: `dsv41`;
+  - the attention-backend registry and the `--attention-backend` choices: `dsv41` (also
+    accepted by `--enable-deterministic-inference`, see deterministic.py);
   - a per-architecture override: attention backend `dsv41` and CPU-friendly defaults;
-  - HookRegistry hooks for the KV pool and the scheduler (see hooks.py).
+  - HookRegistry hooks for the KV pool and the scheduler (see hooks.py);
+  - request checks on every route that reaches the model (see guard_hooks.py);
+  - the CPU scheduler's torch threads (see cpu_threads.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ def register() -> None:
     _register_backend()
     _register_overrides()
     _register_hooks()
+    _register_guards()
+    _register_cpu_threads()
     logger.info("sglang_dsv41: registered deepseek_v41 config, model, backend 'dsv41'")
 
 
@@ -65,6 +70,9 @@ def _register_backend() -> None:
     register_attention_backend(BACKEND_NAME)(create_backend)
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([BACKEND_NAME])
+    from sglang_dsv41.sglang.deterministic import register_deterministic
+
+    register_deterministic(BACKEND_NAME)
 
 
 def _register_overrides() -> None:
@@ -80,3 +88,15 @@ def _register_hooks() -> None:
     from sglang_dsv41.sglang.hooks import register_hooks
 
     register_hooks()
+
+
+def _register_guards() -> None:
+    from sglang_dsv41.sglang.guard_hooks import register_guards
+
+    register_guards()
+
+
+def _register_cpu_threads() -> None:
+    from sglang_dsv41.sglang.cpu_threads import register_cpu_threads
+
+    register_cpu_threads()

@@ -52,6 +52,7 @@ from sglang_dsv41.config import DeepseekV41Config, preset
 from sglang_dsv41.manifest import tensor_manifest
 from sglang_dsv41.presets import PRESETS
 from sglang_dsv41.tools.outdir import prepare_out_dir
+from sglang_dsv41.tools.progress import progress as progress_line
 
 TOO_BIG = ("flash",)
 """Presets whose random weights are too large to write; config geometry only."""
@@ -101,7 +102,7 @@ def random_weights(cfg: DeepseekV41Config, seed: int = 0, progress: bool = False
     for i, (name, (shape, dtype)) in enumerate(manifest.items()):
         out[name] = init_tensor(name, shape, dtype, seed)
         if progress:
-            _progress(i + 1, len(manifest), "weights")
+            progress_line(i + 1, len(manifest), "weights")
     return out
 
 
@@ -142,16 +143,6 @@ def write_checkpoint(
     weights.chmod(0o644)  # safetensors creates it 0600; other users (containers) must read it
     save_tokenizer(out, cfg.vocab_size, cfg.max_position_embeddings)
     return out
-
-
-def _progress(done: int, total: int, what: str) -> None:
-    if sys.stderr.isatty():
-        bar = "#" * (30 * done // total)
-        sys.stderr.write(f"\r{what} [{bar:<30}] {done}/{total}")
-        if done == total:
-            sys.stderr.write("\n")
-    elif done == total or done * 4 // total != (done - 1) * 4 // total:
-        sys.stderr.write(f"{what}: {done}/{total}\n")
 
 
 RELEASE_PRESETS = ("flash-mini", "flash-shapes")

@@ -33,6 +33,7 @@ import torch
 
 from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.tools.outdir import prepare_out_dir
+from sglang_dsv41.tools.progress import progress as progress_line
 from sglang_dsv41.weights.quant import quant_fp4_packed, quant_fp8_block, quant_fp8_rows
 from sglang_dsv41.weights.release_config import (
     flash_mini_text_config,
@@ -92,13 +93,14 @@ def dense_init(name: str, shape: tuple, cfg: DeepseekV41Config, seed: int) -> to
     return x * shape[1] ** -0.5
 
 
-def release_tensors(cfg: DeepseekV41Config, seed: int = 0) -> dict:
+def release_tensors(cfg: DeepseekV41Config, seed: int = 0, progress: bool = False) -> dict:
     """Stored name -> tensor of every text tensor of release_manifest(cfg), quantized."""
     manifest = release_manifest(cfg)
+    names = [n for n in manifest if not n.endswith(".scale")]
     out = {}
-    for name in manifest:
-        if name.endswith(".scale"):
-            continue
+    for i, name in enumerate(names):
+        if progress:
+            progress_line(i + 1, len(names), "weights")
         kind = release_kind(name)
         shape = manifest[name][0]
         if kind == FP4:
@@ -128,9 +130,12 @@ def placeholder_skipped(cfg: DeepseekV41Config, seed: int = 0) -> dict:
     return out
 
 
-def write_flash_mini(out_dir, seed: int = 0, force: bool = False, widths=None) -> Path:
+def write_flash_mini(
+    out_dir, seed: int = 0, force: bool = False, widths=None, progress: bool = False
+) -> Path:
     """Write the flash-mini checkpoint (see module docstring); returns the directory.
-    widths: text_config fields to override (e.g. hidden_size), None for flash-mini's own."""
+    widths: text_config fields to override (e.g. hidden_size), None for flash-mini's own;
+    progress: report on stderr."""
     from safetensors.torch import save_file
 
     from sglang_dsv41.layers.engram import compressed_token_map
@@ -146,10 +151,12 @@ def write_flash_mini(out_dir, seed: int = 0, force: bool = False, widths=None) -
     config = release_config(text, flash_mini_vision_config())
     cfg = DeepseekV41Config.from_dict(config)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    shards = (release_tensors(cfg, seed), placeholder_skipped(cfg, seed))
+    shards = (release_tensors(cfg, seed, progress), placeholder_skipped(cfg, seed))
     weight_map = {}
-    for fname, tensors in zip(SHARDS, shards, strict=False):
+    for i, (fname, tensors) in enumerate(zip(SHARDS, shards, strict=False)):
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        if progress:
+            progress_line(i + 1, len(SHARDS), "shards written")
         (out / fname).chmod(0o644)  # safetensors creates 0600; servers in containers read it
         weight_map.update({n: fname for n in tensors})
     index = {
@@ -219,7 +226,7 @@ def main(argv=None) -> int:
     if not args.out:
         parser.error("--out is required for flash-mini")
     try:
-        out = write_flash_mini(args.out, args.seed, args.force)
+        out = write_flash_mini(args.out, args.seed, args.force, progress=True)
     except ValueError as e:
         parser.error(str(e))
     total = sum(f.stat().st_size for f in out.glob("*.safetensors"))

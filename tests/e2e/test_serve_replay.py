@@ -46,3 +46,40 @@ def test_replay_radix_hit(server, oracle, prompts):
     assert out_b["meta_info"]["cached_tokens"] <= len(b) - window
     assert out_a["output_ids"] == oracle.generate(a, MAX_NEW, replay=True)
     assert out_b["output_ids"] == oracle.generate(b, MAX_NEW, replay=True)
+
+
+def test_output_logprobs_keep_replay(server, oracle, prompts):
+    """Asking for output logprobs only (SGLang then sets logprob_start_len = len(prompt)) keeps
+    the replay: same tokens as without logprobs, and the first token's logprob is the replayed
+    oracle's. Prompt logprobs (a start inside the prompt) run the full forward."""
+    import torch
+    from e2e.server import post
+
+    chosen = [
+        p
+        for p in prompts[-6:]
+        if oracle.generate(p, MAX_NEW, replay=True) != oracle.generate(p, MAX_NEW, replay=False)
+    ]
+    assert chosen, "no prompt where replay changes the output: the test could not fail"
+    p = chosen[-1]
+    body = {
+        "input_ids": p,
+        "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
+    }
+    status, out = post(server.url + "/generate", {**body, "return_logprob": True})
+    assert status == 200, out
+    assert out["output_ids"] == oracle.generate(p, MAX_NEW, replay=True)
+    assert out["output_ids"] == server.generate(p, MAX_NEW)["output_ids"]
+    lp = out["meta_info"]["output_token_logprobs"]
+    assert [t for _, t, _ in lp] == out["output_ids"]
+    floor = oracle.model.replay_floor_for(len(p), True)
+    logits = oracle.model(torch.tensor(p), replay_floor=floor)[-1]
+    want = torch.log_softmax(logits.double(), -1)[out["output_ids"][0]].item()
+    assert abs(lp[0][0] - want) < 1e-4, (lp[0][0], want)
+
+    status, full = post(
+        server.url + "/generate", {**body, "return_logprob": True, "logprob_start_len": 0}
+    )
+    assert status == 200, full
+    assert full["output_ids"] == oracle.generate(p, MAX_NEW, replay=False)
+    assert len(full["meta_info"]["input_token_logprobs"]) == len(p)
