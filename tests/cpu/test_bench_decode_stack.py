@@ -7,11 +7,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from sglang_dsv41.config import preset
+from sglang_dsv41.kernels import dispatch
+from sglang_dsv41.kernels.args import IndexerGeometry
+from sglang_dsv41.kernels.indexer import ref
+from sglang_dsv41.kernels.indexer import testing as tt
 from sglang_dsv41.tools.kv_capacity import dsv41_footprint, v4_footprint
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_decode_stack.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import decode_stack  # noqa: E402
 
 # tiny preset: kv sources L1, L3 (ratio 2) and L6 (ratio 1); D = 64, R = 16, DI = 32.
 # V41_FP4 32 + 4 = 36 B, index K 16 + 1 = 17 B; V4: 48 e4m3 + 16 bf16 + 1 scale = 81 -> 88 B.
@@ -58,3 +67,22 @@ def test_dry_run(tmp_path):
     for key in ((3, 64), (3, 256)):
         assert "ours_us" not in rows[key] and rows[key]["ours_note"].startswith("skipped")
     assert "| 1 | 64 |" in r.stdout
+
+
+@pytest.mark.triton_interpret
+def test_whole_context_reindex_selects_the_pooled_set(monkeypatch):
+    """Upstream's Reindex on the Triton path (scan every entry, mask blocks outside the pool,
+    torch top-k of the allowed blocks, rescore them) selects the reference's mask-and-topk set
+    up to ties, pools with -1 padding and a query that sees nothing included."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(dispatch, "device_paths", lambda device: (dispatch.Path.TRITON,))
+    c = tt.random_case(T=4, B=2, n_max=256, P=8, seed=3)
+    qI, w, kv = tt.case_args(c)
+    g = torch.Generator().manual_seed(4)
+    pool = torch.stack([torch.randperm(32, generator=g)[:6] for _ in range(4)]).int()
+    pool[1, 4:] = -1
+    geo = IndexerGeometry(topk=16, pool_blocks=6, block=8)
+    ids = decode_stack.reindex_whole_context(qI, w, kv, pool, geo)
+    want = ref.reindex_ref(qI, w, kv, pool, geo)
+    key = tt.pool_key(ref.paged_scores(qI, w, kv), pool)
+    tt.check_selection(ids, want, key, tt.rounding_bound(c), "whole-context reindex")
