@@ -13,7 +13,8 @@ and the kernels through their dispatchers and argument bundles:
     Full/Reindex  indexer queries (wq_b, RoPE, FP4) and weights_proj; Full scan (full_topk),
                   candidate source (L20: own top-k + 2048-block pool) or Reindex
     all but SWA   sparse attention over the SWA window + the index source's top-512 of the kv
-                  source's main KV; SWA-only layers over the window alone; then inverse RoPE,
+                  source's main KV (its pool rows mapped once per index source, reused by the
+                  Reuse layers); SWA-only layers over the window alone; then inverse RoPE,
                   grouped wo_a, wo_b
 
 Layouts (`Caches.layout`):
