@@ -8,12 +8,21 @@ provider), so that `--model-path DIR --device cpu` needs no other flag.
     page size           2 when odd: a ratio-2 entry's two tokens share a page, so radix hits
                         end on entry boundaries and the entry's row is slot // 2
     CUDA + released format   cuda_defaults.py (MoE runner, FP8 GEMM backend, CUDA graphs off)
+    CUDA, this package's torch model
+                        prefill CUDA graphs off (prefill metadata checks positions and replay
+                        floors on the host); decode graphs stay on (the backend captures them).
+                        Overlap scheduling off: with it on, two identical greedy requests gave
+                        different tokens on the H200, with it off they did not (cause not found)
 """
 
 from __future__ import annotations
 
+import logging
+
 from sglang_dsv41.sglang.backend import BACKEND_NAME
 from sglang_dsv41.sglang.cuda_defaults import cuda_server_defaults
+
+logger = logging.getLogger(__name__)
 
 
 def server_defaults(server_args, hf_config) -> dict:
@@ -33,5 +42,13 @@ def server_defaults(server_args, hf_config) -> dict:
         out["dtype"] = str(hf_config.dsv41().torch_dtype).replace("torch.", "")
     if int(cfg.page_size or 1) % 2:
         out["page_size"] = 2
-    out.update(cuda_server_defaults(server_args, hf_config))
+    cuda = cuda_server_defaults(server_args, hf_config)
+    if cfg.device == "cuda" and not cuda:
+        out["disable_prefill_cuda_graph"] = True
+        out["disable_overlap_schedule"] = True
+        logger.info(
+            "sglang_dsv41: on CUDA prefill runs eager (decode CUDA graphs on) and overlap "
+            "scheduling is off"
+        )
+    out.update(cuda)
     return out
