@@ -2,9 +2,9 @@
 # CPU serving of two commits side by side in one run: `launch_server` on tiny and small for each
 # tree, `benchmarks/serve_bench.py` at concurrency 1 and 16 against each, one compare per model.
 #   bash benchmarks/bench_cpu_commits.sh OLD_COMMIT [OUT_DIR]
-# The old tree is a git worktree imported ahead of the installed package (PYTHONPATH); both run
-# with one torch thread (OMP_NUM_THREADS=1) so the serving code, not the thread default, is
-# compared. Needs the shared environment (scripts/setup_env.sh).
+# The old tree is a git worktree with its own thin venv over the shared environment (the plugin
+# installed editable from it, as scripts/setup_env.sh does for a checkout); both run with one
+# torch thread (OMP_NUM_THREADS=1) so the serving code, not the thread default, is compared.
 set -euo pipefail
 ROOT=$(git rev-parse --show-toplevel)
 OLD=${1:?usage: bench_cpu_commits.sh OLD_COMMIT [OUT]}
@@ -13,14 +13,22 @@ PY=$ROOT/.venv/bin/python
 mkdir -p "$OUT"
 TREE=$OUT/old-tree
 [ -d "$TREE" ] || git -C "$ROOT" worktree add -q --detach "$TREE" "$OLD"
-ln -sfn ../kernels "$TREE/sglang_dsv41/kernels"
+OLDPY=$OUT/venv-old/bin/python
+if [ ! -x "$OLDPY" ]; then
+  python3 -m venv --without-pip "$OUT/venv-old"
+  shared=$(cat "$ROOT/.venv/.shared")
+  site=$("$OLDPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$shared/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+    > "$site/_shared.pth"
+  "$OLDPY" -m pip install -q --no-deps --no-build-isolation -e "$TREE" > /dev/null
+fi
 for m in tiny small; do
   [ -f "$OUT/ckpt/$m/config.json" ] ||
     "$PY" -m sglang_dsv41.tools.make_checkpoint --preset "$m" --out "$OUT/ckpt/$m" >/dev/null
 done
-run() {  # LABEL PYTHONPATH MODEL PORT
-  local label=$1 pp=$2 m=$3 port=$4
-  OMP_NUM_THREADS=1 PYTHONPATH=$pp setsid "$PY" -m sglang.launch_server --model-path \
+run() {  # LABEL PYTHON MODEL PORT
+  local label=$1 py=$2 m=$3 port=$4
+  OMP_NUM_THREADS=1 setsid "$py" -m sglang.launch_server --model-path \
     "$OUT/ckpt/$m" --device cpu --host 127.0.0.1 --port "$port" > "$OUT/$label-$m.log" 2>&1 &
   local pid=$!
   for _ in $(seq 600); do
@@ -28,7 +36,7 @@ run() {  # LABEL PYTHONPATH MODEL PORT
     kill -0 "$pid" 2>/dev/null || { echo "server $label $m exited"; return 1; }
     sleep 1
   done
-  PYTHONPATH=$pp "$PY" "$ROOT/benchmarks/serve_bench.py" --url "http://127.0.0.1:$port" \
+  "$PY" "$ROOT/benchmarks/serve_bench.py" --url "http://127.0.0.1:$port" \
     --concurrency 1,16 --input-len 128 --output-len 32 --rounds 2 --label "$label $m" \
     --out "$OUT/$label-$m"
   kill -TERM -- -"$pid" 2>/dev/null || true
@@ -36,8 +44,8 @@ run() {  # LABEL PYTHONPATH MODEL PORT
   kill -KILL -- -"$pid" 2>/dev/null || true
 }
 for m in tiny small; do
-  run old "$TREE" "$m" 31701
-  run new "" "$m" 31702
+  run old "$OLDPY" "$m" 31701
+  run new "$PY" "$m" 31702
   "$PY" "$ROOT/benchmarks/serve_bench.py" --compare "$OUT/old-$m/serve_bench.json" \
     "$OUT/new-$m/serve_bench.json" --out "$OUT/compare-$m"
 done
