@@ -134,7 +134,10 @@ class AdapterProbe:
         assert torch.equal(y0, y1), i
         for name in ("main", "index_k", "pending", "ring"):
             for k, t in getattr(p0, name).items():
-                assert torch.equal(t, getattr(p1, name)[k]), (i, name, k)
+                u = getattr(p1, name)[k]
+                if name in ("ring", "pending"):  # request slot 0: the padding sink, written
+                    t, u = t[1:], u[1:]  # by every row that stores nothing, in any order
+                assert torch.equal(t, u), (i, name, k)
         for a, b in zip(p0.swa, p1.swa, strict=True):
             assert (a is None and b is None) or torch.equal(a, b), i
         assert same(s0, s1), i
