@@ -209,6 +209,17 @@ def test_tail_is_the_rows_at_or_above_the_floors():
     assert be.late_tail is None and be.prefill_graph_late_layer_saved is None
 
 
+def test_tail_keeps_a_request_whose_rows_all_lie_below_its_floor():
+    """A prefill chunk wholly below its floor: its request is in the tail with 0 rows (SGLang
+    zips the tail lengths with the batch's requests)."""
+    be, fb = _Backend(), _batch([0, 0, 0], [10, 40, 10], [20, 24, 20])
+    be.init_forward_metadata(fb)
+    tail = be.tail_forward_metadata.late_layer_tail
+    assert tail.extend_seq_lens_cpu == [0, 16, 0] and tail.extend_seq_lens.tolist() == [0, 16, 0]
+    assert tail.token_indices.tolist() == list(range(34, 50))
+    assert tail.positions.tolist() == list(range(24, 40)) and tail.contiguous_start is None
+
+
 def test_tail_single_request_is_a_view():
     be, fb = _Backend(), _batch([0], [40], [24])
     be.init_forward_metadata(fb)
