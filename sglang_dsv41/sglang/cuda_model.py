@@ -11,9 +11,10 @@ that global is rebound to a subclass only for the duration of our constructor.
 
 Couplings honoured:
   - decoder SWA bounded replay: SGLang resolves its flag only for its own architecture name, so
-    it is set explicitly (our runtime's switch) while the model builds; with it on, the in-tree
-    layer loop asks the backend for the replay-tail members (`replay_tail.py`), which the `dsv41`
-    backend must carry; `model.decoder_replay_tail` (the prefill-graph tail runner) is None;
+    it is set explicitly (our `ServingOptions.replay`, registered as the served options) while
+    the model builds; with it on, the in-tree layer loop asks the backend for the replay-tail
+    members (`replay_tail.py`), which the `dsv41` backend must carry (it reads the switch from
+    the pool's options); `model.decoder_replay_tail` (the prefill-graph tail runner) is None;
   - prefill CUDA graphs stay off (`cuda_defaults.py`).
 Chosen for a released-format checkpoint on a CUDA device (`model_choice.py`); elsewhere the
 served model is the pure-torch `model.DeepseekV41ForCausalLM`.
@@ -28,9 +29,9 @@ from sglang.srt.models import deepseek_v4 as intree
 from sglang.srt.runtime_context import get_exec
 
 from sglang_dsv41.config import ConfigError
-from sglang_dsv41.sglang import runtime
 from sglang_dsv41.sglang.cuda_attention import DSV41CudaAttention
 from sglang_dsv41.sglang.intree_config import intree_config, intree_quant_config
+from sglang_dsv41.sglang.options import ServingOptions, register_served
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +78,14 @@ class DeepseekV41ForCausalLM(intree.DeepseekV4ForCausalLM):
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         cfg = config.dsv41()
-        runtime.activate(cfg)
-        replay = runtime.STATE.replay
+        options = ServingOptions.from_server(cfg)
+        replay = options.replay
         if replay:
             check_replay_geometry(cfg)
         with build_scope(cfg, replay):
             super().__init__(intree_config(cfg), intree_quant_config(cfg), prefix)
-        self.dsv41_cfg, self.dsv41_hf_config = cfg, config
+        self.dsv41_cfg, self.dsv41_hf_config, self.options = cfg, config, options
+        register_served(options)
         self.model.decoder_replay_tail = None
         logger.info(
             "sglang_dsv41: in-tree DeepseekV4 skeleton with dsv41 attention, roles %s, "

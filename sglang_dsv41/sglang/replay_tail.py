@@ -13,8 +13,10 @@ rows only, and asks the attention backend for five members:
     exit_late_layer_tail(saved, fb)         back to every row
     prefill_graph_late_layer_saved          prefill CUDA graphs only; they stay off (None)
 
-The tail is DESIGN.md 5's: per request, the rows at positions >= its floor (`runtime`'s replay
-floor, 0 for a full forward), i.e. the last min(window, prompt) prompt tokens. The mixin is
+The tail is DESIGN.md 5's: per request, the rows at positions >= its floor (the replay floor in
+its request slot of the pool, 0 for a full forward), i.e. the last min(window, prompt) prompt
+tokens. It is built for every extend batch while the pool's ServingOptions have replay on (the
+in-tree loop then reads it on every extend, even one with nothing below a floor). The mixin is
 cooperative: `class B(LateLayerTailMixin, DSV41AttnBackend)` builds the tail after the base
 class built `forward_batch.dsv41_context` (`tail_backend.py`).
 """
@@ -25,8 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang_dsv41.sglang import runtime
-from sglang_dsv41.sglang.context import BatchContext, Rows
+from sglang_dsv41.serving.context import BatchContext, Rows
 
 
 @dataclass
@@ -52,28 +53,35 @@ class LateTail:
         return x_all, rows_all
 
 
-def tail_rows(ctx: BatchContext) -> tuple[torch.Tensor, Rows, list]:
-    """(keep bool [T], the kept Rows, kept rows per request) of a batch under its floors."""
+def rows_per_request(rows: Rows, batch_size: int) -> torch.Tensor:
+    """int64 [B]: how many of `rows` each request of the batch has (0 where none)."""
+    return torch.bincount(rows.req, minlength=batch_size)
+
+
+def tail_rows(ctx: BatchContext) -> tuple[torch.Tensor, Rows, torch.Tensor]:
+    """(keep bool [T], the kept Rows, kept rows per request int64 [B]) of a batch under its
+    floors."""
     keep = ctx.rows.pos >= ctx.row_floors(ctx.rows)
     rows = ctx.rows.select(keep)
-    return keep, rows, [n for _, n in rows.spans]
+    return keep, rows, rows_per_request(rows, ctx.batch_size)
 
 
 def late_layer_tail(forward_batch, ctx: BatchContext):
-    """SGLang's LateLayerTail for this batch's tail rows (device tensors on the batch's device)."""
+    """SGLang's LateLayerTail for this batch's tail rows (device tensors on the batch's device).
+    Extend only: one host sync for the per-request tail lengths SGLang wants on the host."""
     from sglang.srt.layers.attention.deepseek_v4_backend import LateLayerTail
 
-    keep, rows, lens = tail_rows(ctx)
+    _, rows, kept = tail_rows(ctx)
     dev = forward_batch.out_cache_loc.device
     idx = rows.ids.to(dev)
-    extend = [n for _, n in ctx.rows.spans]
+    lens = kept.tolist()
     contiguous = None
-    if len(extend) == 1:
-        contiguous = extend[0] - lens[0]
+    if ctx.batch_size == 1:
+        contiguous = ctx.rows.n - lens[0]
     return LateLayerTail(
         token_indices=idx,
         positions=forward_batch.positions[idx],
-        extend_seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+        extend_seq_lens=kept.to(dev, torch.int32),
         extend_seq_lens_cpu=lens,
         swa_out_cache_loc=forward_batch.out_cache_loc[idx],
         contiguous_start=contiguous,
@@ -81,7 +89,8 @@ def late_layer_tail(forward_batch, ctx: BatchContext):
 
 
 class LateLayerTailMixin:
-    """Backend members of the in-tree replay-tail protocol (module docstring)."""
+    """Backend members of the in-tree replay-tail protocol (module docstring). The backend
+    carries `token_to_kv_pool` (a RecordBuffers: its `replay` is the served model's switch)."""
 
     wants_late_layer_tail = True  # False: the served model replays in its own loop
     tail_forward_metadata: TailMetadata | None = None
@@ -96,7 +105,7 @@ class LateLayerTailMixin:
     def init_late_layer_tail(self, forward_batch) -> None:
         self.tail_forward_metadata, self.late_tail, self._tail_source = None, None, None
         ctx = getattr(forward_batch, "dsv41_context", None)
-        if ctx is None or not runtime.STATE.replay or not self.wants_late_layer_tail:
+        if ctx is None or not self.wants_late_layer_tail or not self.token_to_kv_pool.replay:
             return
         if not forward_batch.forward_mode.is_extend_without_speculative():
             return

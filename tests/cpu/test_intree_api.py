@@ -12,8 +12,7 @@ import torch
 
 intree = pytest.importorskip("sglang.srt.models.deepseek_v4")
 
-from sglang_dsv41.sglang import runtime  # noqa: E402
-from sglang_dsv41.sglang.context import BatchContext, build_rows  # noqa: E402
+from sglang_dsv41.serving.context import BatchContext, build_rows  # noqa: E402
 from sglang_dsv41.sglang.replay_tail import LateLayerTailMixin  # noqa: E402
 
 
@@ -157,7 +156,8 @@ class _Base:
 
 
 class _Backend(LateLayerTailMixin, _Base):
-    pass
+    def __init__(self, replay: bool = True):
+        self.token_to_kv_pool = SimpleNamespace(replay=replay)  # the pool's ServingOptions
 
 
 def _batch(prefix, extend, floors, mode="EXTEND"):
@@ -165,13 +165,17 @@ def _batch(prefix, extend, floors, mode="EXTEND"):
 
     rows = build_rows(prefix, extend)
     T = rows.n
+    seq = [p + n for p, n in zip(prefix, extend, strict=True)]
+    floors_t = torch.tensor(floors)
     ctx = BatchContext(
         rows=rows,
         req_pool=torch.arange(len(extend)),
         req_to_token=torch.zeros(4, 64, dtype=torch.int32),
-        seq_lens=[p + n for p, n in zip(prefix, extend, strict=True)],
-        floors=floors,
+        seq_lens=torch.tensor(seq),
+        table_len=max(seq),
+        floors=floors_t,
         out_loc=torch.arange(T) + 100,
+        replaying=bool((rows.pos < floors_t[rows.req]).any()),
     )
     return SimpleNamespace(
         forward_mode=getattr(ForwardMode, mode),
@@ -181,15 +185,7 @@ def _batch(prefix, extend, floors, mode="EXTEND"):
     )
 
 
-@pytest.fixture
-def replay_on():
-    saved = runtime.STATE.replay
-    runtime.STATE.replay = True
-    yield
-    runtime.STATE.replay = saved
-
-
-def test_tail_is_the_rows_at_or_above_the_floors(replay_on):
+def test_tail_is_the_rows_at_or_above_the_floors():
     be, fb = _Backend(), _batch([0, 10], [40, 5], [24, 0])
     be.init_forward_metadata(fb)
     assert fb.built
@@ -213,19 +209,30 @@ def test_tail_is_the_rows_at_or_above_the_floors(replay_on):
     assert be.late_tail is None and be.prefill_graph_late_layer_saved is None
 
 
-def test_tail_single_request_is_a_view(replay_on):
+def test_tail_keeps_a_request_whose_rows_all_lie_below_its_floor():
+    """A prefill chunk wholly below its floor: its request is in the tail with 0 rows (SGLang
+    zips the tail lengths with the batch's requests)."""
+    be, fb = _Backend(), _batch([0, 0, 0], [10, 40, 10], [20, 24, 20])
+    be.init_forward_metadata(fb)
+    tail = be.tail_forward_metadata.late_layer_tail
+    assert tail.extend_seq_lens_cpu == [0, 16, 0] and tail.extend_seq_lens.tolist() == [0, 16, 0]
+    assert tail.token_indices.tolist() == list(range(34, 50))
+    assert tail.positions.tolist() == list(range(24, 40)) and tail.contiguous_start is None
+
+
+def test_tail_single_request_is_a_view():
     be, fb = _Backend(), _batch([0], [40], [24])
     be.init_forward_metadata(fb)
     assert be.tail_forward_metadata.late_layer_tail.contiguous_start == 24
 
 
-def test_no_tail_for_decode_or_without_replay(replay_on):
+def test_no_tail_for_decode_or_without_replay():
     be = _Backend()
     be.init_forward_metadata(_batch([40, 9], [1, 1], [24, 0], mode="DECODE"))
     assert be.tail_forward_metadata is None
     with pytest.raises(RuntimeError, match="no tail metadata"):
         be.enter_late_layer_tail(None)
-    runtime.STATE.replay = False
+    be.token_to_kv_pool.replay = False
     be.init_forward_metadata(_batch([0], [40], [24]))
     assert be.tail_forward_metadata is None
 
@@ -317,20 +324,16 @@ def test_sm90_expert_width_names_ep_size(monkeypatch):
     assert _defaults(monkeypatch, 90, True, widths=widths, tp_size=2)["moe_runner_backend"]
 
 
-def test_registered_backend_builds_the_tail_only_for_the_in_tree_model(replay_on):
+def test_registered_backend_builds_the_tail_only_for_the_in_tree_model():
     from sglang_dsv41.sglang.tail_backend import DSV41TailBackend, create_backend
 
     def runner(model):
         pool = SimpleNamespace(req_to_token=torch.zeros(4, 64, dtype=torch.int32))
-        return SimpleNamespace(model=model, req_to_token_pool=pool, token_to_kv_pool=None)
+        kv = SimpleNamespace(replay=True)
+        return SimpleNamespace(model=model, req_to_token_pool=pool, token_to_kv_pool=kv)
 
-    saved = runtime.STATE.cfg
-    runtime.STATE.cfg = None
-    try:
-        torch_model = create_backend(runner(SimpleNamespace()))
-        intree_model = create_backend(runner(SimpleNamespace(uses_late_layer_tail=True)))
-    finally:
-        runtime.STATE.cfg = saved
+    torch_model = create_backend(runner(SimpleNamespace()))
+    intree_model = create_backend(runner(SimpleNamespace(uses_late_layer_tail=True)))
     assert isinstance(intree_model, DSV41TailBackend)
     assert not torch_model.wants_late_layer_tail and intree_model.wants_late_layer_tail
     fb = _batch([0], [40], [24])

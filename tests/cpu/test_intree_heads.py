@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import sys
 
 import pytest
@@ -22,12 +21,14 @@ sys.modules.setdefault("sglang", None)  # the pieces under test must not need SG
 from sglang_dsv41.config import preset  # noqa: E402
 from sglang_dsv41.reference.model import ReferenceModel  # noqa: E402
 from sglang_dsv41.serving import attention as kp  # noqa: E402
+from sglang_dsv41.serving import layer_loop  # noqa: E402
 from sglang_dsv41.serving.attention_view import full_view, head_slice, local_heads  # noqa: E402
 from sglang_dsv41.serving.toy import ToyEngine, prompts, serve  # noqa: E402
-from sglang_dsv41.sglang import layer_loop  # noqa: E402
 
 if sys.modules.get("sglang", 0) is None:
     del sys.modules["sglang"]
+
+from forward_state import snapshot  # noqa: E402
 
 TP = 8
 
@@ -52,11 +53,10 @@ class TPProbe:
         self.calls = self.topk_checks = 0
 
     def _run(self, attn, x, rows, ctx, pool, floor, x_all, rows_all):
-        pool, shared = copy.deepcopy(pool), dict(ctx.shared)
+        pool, shared = copy.deepcopy(pool), snapshot(ctx.shared)
         y = kp.attention_layer(attn, x, rows, ctx, pool, floor, x_all, rows_all)
-        topk = {k: v for k, v in ctx.shared.items() if k[0] == "topk"}
-        ctx.shared.clear()
-        ctx.shared.update(shared)
+        topk = dict(ctx.shared.topk)
+        ctx.shared = shared
         return y, topk
 
     def __call__(self, attn, x, rows, ctx, pool, floor, x_all=None, rows_all=None):
@@ -77,30 +77,28 @@ class TPProbe:
 
 
 @torch.no_grad()
-def test_full_view_is_the_layer():
+def test_full_view_is_the_layer(monkeypatch):
     m = _model(4)
     ps = prompts([9, 30], seed=3)
-    want = serve(
-        ToyEngine(m, functools.partial(layer_loop.run_layers, attention=kp.attention_layer)),
-        ps,
-        3,
-        chunk=11,
-    )
+    monkeypatch.setattr(layer_loop, "attention_layer", kp.attention_layer)
+    want = serve(ToyEngine(m), ps, 3, chunk=11)
+    calls = []
 
     def viewed(attn, *args):
+        calls.append(attn.layer_id)
         return kp.attention_layer(full_view(attn), *args)
 
-    got = serve(
-        ToyEngine(m, functools.partial(layer_loop.run_layers, attention=viewed)), ps, 3, chunk=11
-    )
-    assert got == want
+    monkeypatch.setattr(layer_loop, "attention_layer", viewed)
+    got = serve(ToyEngine(m), ps, 3, chunk=11)
+    assert got == want and calls  # the views served
 
 
 @torch.no_grad()
-def test_64_heads_as_8_ranks_of_8():
+def test_64_heads_as_8_ranks_of_8(monkeypatch):
     m = _model(64)
     probe = TPProbe()
-    eng = ToyEngine(m, functools.partial(layer_loop.run_layers, attention=probe))
+    monkeypatch.setattr(layer_loop, "attention_layer", probe)
+    eng = ToyEngine(m)
     serve(eng, prompts([5, 26], seed=4), 2, chunk=9)
     n_layers = m.cfg.num_hidden_layers
     assert probe.calls >= 4 * n_layers and probe.topk_checks > 0, (probe.calls, probe.topk_checks)
