@@ -3,7 +3,7 @@
 Derived from the in-tree `MQALayer` (itself an `MqaAttentionBase`), whose constructor builds the
 weights with SGLang's quantized, tensor-parallel linears (wq_b and wo_a column-parallel, wo_b
 row-parallel, KV / compressor / indexer replicated). Only `forward` is replaced: it runs the
-served cached path (`served_path.attention_layer`, the same path as on CPU) through an adapter
+served cached path (`serving.attention.attention_layer`, the same path as on CPU) through an adapter
 over this layer's modules (`intree_adapter.adapt`), reading the batch from the `dsv41` backend:
 
     rows, ctx     forward_batch.dsv41_context (BatchContext), or the replay tail's rows while
@@ -25,8 +25,8 @@ import torch
 from sglang.srt.model_executor.forward_context import get_attn_backend
 from sglang.srt.models.deepseek_v4 import MQALayer
 
-from sglang_dsv41.sglang.intree_adapter import WoB, adapt
-from sglang_dsv41.sglang.served_path import attention_layer
+from sglang_dsv41.serving.attention import attention_layer
+from sglang_dsv41.serving.intree_adapter import WoB, adapt
 
 
 class DSV41CudaAttention(MQALayer):

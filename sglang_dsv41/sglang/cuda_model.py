@@ -73,7 +73,7 @@ class DeepseekV41ForCausalLM(intree.DeepseekV4ForCausalLM):
 
     @property
     def uses_late_layer_tail(self) -> bool:
-        """The in-tree layer loop asks the backend for the replay tail (tail_backend.py)."""
+        """The in-tree layer loop asks the backend for the replay tail (replay_tail.py)."""
         return self.model.late_layer_start is not None
 
     def __init__(self, config, quant_config=None, prefix: str = ""):

@@ -90,9 +90,9 @@ def _batch_invariant(original, runner, *args, **kwargs):
 
 
 def _seeded(original, logprobs, seed, positions, *args, **kwargs):
-    from sglang_dsv41.sglang import runtime
+    from sglang_dsv41.sglang.options import served
 
-    if logprobs.device.type == "cpu" and runtime.active():
+    if logprobs.device.type == "cpu" and served() is not None:
         return gumbel_argmax(logprobs, seed, positions)
     return original(logprobs, seed, positions, *args, **kwargs)
 

@@ -1,4 +1,4 @@
-"""Where request_guard's checks run: HookRegistry hooks on SGLang's request path.
+"""Where request_rules' checks run: HookRegistry hooks on SGLang's request path.
 
     http_server.serve_generate_request       /generate, streamed or not, before a stream starts
                                              (so a bad request gets a 400, not an error event
@@ -28,10 +28,7 @@ import multiprocessing
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_dsv41.sglang import runtime
-from sglang_dsv41.sglang.deterministic import deterministic_on
-from sglang_dsv41.sglang.hf_config import ARCH
-from sglang_dsv41.sglang.request_guard import (
+from sglang_dsv41.request_rules import (
     CHAT,
     COMPLETIONS,
     GENERATE,
@@ -46,6 +43,9 @@ from sglang_dsv41.sglang.request_guard import (
     check_token_ids,
     prompts_of_generate,
 )
+from sglang_dsv41.sglang.deterministic import deterministic_on
+from sglang_dsv41.sglang.hf_config import ARCH
+from sglang_dsv41.sglang.options import served
 
 _HTTP = "sglang.srt.entrypoints.http_server"
 _SERVE_GENERATE = f"{_HTTP}.serve_generate_request"
@@ -179,9 +179,10 @@ def admission_error(req, vocab_size: int, deterministic: bool = False) -> str | 
 
 
 def _admit(result, req, *args, **kwargs):
-    if result is not None or not runtime.active():
+    options = served()
+    if result is not None or options is None:
         return result
-    return admission_error(req, runtime.STATE.cfg.vocab_size, deterministic_on())
+    return admission_error(req, options.cfg.vocab_size, deterministic_on())
 
 
 def validation_message(errors) -> str:

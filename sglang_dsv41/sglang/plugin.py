@@ -65,7 +65,7 @@ def _register_backend() -> None:
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
 
     from sglang_dsv41.sglang.backend import BACKEND_NAME
-    from sglang_dsv41.sglang.tail_backend import create_backend
+    from sglang_dsv41.sglang.replay_tail import create_backend
 
     register_attention_backend(BACKEND_NAME)(create_backend)
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:

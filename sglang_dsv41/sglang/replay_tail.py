@@ -18,7 +18,7 @@ its request slot of the pool, 0 for a full forward), i.e. the last min(window, p
 tokens. It is built for every extend batch while the pool's ServingOptions have replay on (the
 in-tree loop then reads it on every extend, even one with nothing below a floor). The mixin is
 cooperative: `class B(LateLayerTailMixin, DSV41AttnBackend)` builds the tail after the base
-class built `forward_batch.dsv41_context` (`tail_backend.py`).
+class built `forward_batch.dsv41_context` (`DSV41TailBackend` below).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_dsv41.serving.context import BatchContext, Rows
+from sglang_dsv41.sglang.backend import DSV41AttnBackend
 
 
 @dataclass
@@ -135,3 +136,19 @@ class LateLayerTailMixin:
 
     def exit_late_layer_tail(self, saved: tuple, forward_batch) -> None:
         (self.late_tail,) = saved
+
+
+class DSV41TailBackend(LateLayerTailMixin, DSV41AttnBackend):
+    """The `dsv41` backend the plugin registers: the base builds the batch context, the mixin
+    the replay tail, but only when the served model runs SGLang's in-tree layer loop
+    (`cuda_model.DeepseekV41ForCausalLM.uses_late_layer_tail`); the pure-torch model replays in
+    its own loop and pays nothing."""
+
+    def __init__(self, model_runner):
+        super().__init__(model_runner)
+        model = getattr(model_runner, "model", None)
+        self.wants_late_layer_tail = bool(getattr(model, "uses_late_layer_tail", False))
+
+
+def create_backend(model_runner):
+    return DSV41TailBackend(model_runner)

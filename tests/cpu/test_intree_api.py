@@ -325,7 +325,7 @@ def test_sm90_expert_width_names_ep_size(monkeypatch):
 
 
 def test_registered_backend_builds_the_tail_only_for_the_in_tree_model():
-    from sglang_dsv41.sglang.tail_backend import DSV41TailBackend, create_backend
+    from sglang_dsv41.sglang.replay_tail import DSV41TailBackend, create_backend
 
     def runner(model):
         pool = SimpleNamespace(req_to_token=torch.zeros(4, 64, dtype=torch.int32))

@@ -32,12 +32,12 @@ from sglang_dsv41.config import FULL, REINDEX, REUSE, SWA  # noqa: E402
 from sglang_dsv41.reference.model import ReferenceModel  # noqa: E402
 from sglang_dsv41.serving import attention as kp  # noqa: E402
 from sglang_dsv41.serving import layer_loop  # noqa: E402
+from sglang_dsv41.serving.intree_adapter import adapt  # noqa: E402
 from sglang_dsv41.serving.toy import ToyEngine, prompts, serve  # noqa: E402
-from sglang_dsv41.sglang.intree_adapter import adapt  # noqa: E402
-from sglang_dsv41.sglang.intree_weights import dense_view  # noqa: E402
 from sglang_dsv41.sglang.replay_tail import LateLayerTailMixin  # noqa: E402
 from sglang_dsv41.tools.release_checkpoint import write_flash_mini  # noqa: E402
 from sglang_dsv41.weights.checkpoint import load_release_state  # noqa: E402
+from sglang_dsv41.weights.intree import dense_view  # noqa: E402
 
 
 @pytest.fixture(scope="module")

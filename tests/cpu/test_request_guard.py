@@ -1,4 +1,4 @@
-"""request_guard's rules on plain values, and the scheduler's last check (guard_hooks) on a
+"""request_rules' rules on plain values, and the scheduler's last check (guard_hooks) on a
 stand-in Req: each bad value is refused with a message naming the field, position and value;
 good requests pass."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_dsv41.sglang.request_guard import (
+from sglang_dsv41.request_rules import (
     CHAT,
     COMPLETIONS,
     GENERATE,
@@ -200,7 +200,7 @@ def test_limits_only_for_this_architecture():
 
 
 def test_openai_zero_limits_refused():
-    from sglang_dsv41.sglang.request_guard import check_openai_limits
+    from sglang_dsv41.request_rules import check_openai_limits
 
     check_openai_limits(SimpleNamespace(max_tokens=None, max_completion_tokens=3))
     for fields in (dict(max_tokens=0), dict(max_completion_tokens=0), dict(max_tokens=-1)):

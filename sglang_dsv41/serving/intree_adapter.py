@@ -34,7 +34,7 @@ from sglang_dsv41.serving.attention_view import (
     Norm,
     head_slice,
 )
-from sglang_dsv41.sglang.intree_weights import dequant_block
+from sglang_dsv41.weights.intree import dequant_block
 
 
 class InTreeLinear:
