@@ -28,8 +28,9 @@ for m in tiny small; do
 done
 run() {  # LABEL PYTHON MODEL PORT
   local label=$1 py=$2 m=$3 port=$4
-  OMP_NUM_THREADS=1 setsid "$py" -m sglang.launch_server --model-path \
-    "$OUT/ckpt/$m" --device cpu --host 127.0.0.1 --port "$port" > "$OUT/$label-$m.log" 2>&1 &
+  # started from $OUT: a checkout in the working directory would shadow the tree under test
+  (cd "$OUT" && OMP_NUM_THREADS=1 exec setsid "$py" -m sglang.launch_server --model-path \
+    "$OUT/ckpt/$m" --device cpu --host 127.0.0.1 --port "$port" > "$OUT/$label-$m.log" 2>&1) &
   local pid=$!
   for _ in $(seq 600); do
     grep -q "fired up" "$OUT/$label-$m.log" && break
