@@ -89,7 +89,7 @@ class PagedIndexK:
 
 @dataclasses.dataclass(frozen=True)
 class IndexerGeometry:
-    """Selection sizes of the indexer (DESIGN.md 3.5-3.6); V4.1-Flash: 512, 2048, 8.
+    """Selection sizes of the indexer (docs/design.md 2.2, steps 5-6); V4.1-Flash: 512, 2048, 8.
 
     topk        TOPK entries each index layer keeps
     pool_blocks candidate blocks the candidate source keeps per query

@@ -2,7 +2,7 @@
 
 Parsed from a Hugging Face `config.json` as released (text fields may sit under `text_config`)
 or from a dict. Roles are derived from `kv_source_layer_ids` / `index_source_layer_ids`, never
-stored (DESIGN.md section 2):
+stored (docs/design.md 2.1):
 
     SWA      compress ratio 0: sliding-window attention only, no global branch
     FULL     in both lists: owns main KV + index K, runs the indexer
@@ -36,7 +36,7 @@ def _err(field_name: str, msg: str, layer: int | None = None) -> ConfigError:
 
 @dataclass
 class DeepseekV41Config:
-    """DeepSeek-V4.1 text configuration. Every field of DESIGN.md sections 2-5 and 8.
+    """DeepSeek-V4.1 text configuration. Every field of docs/design.md 2.
 
     Attention geometry:
         vocab_size, hidden_size, num_hidden_layers: the text stack (MTP stages not counted).

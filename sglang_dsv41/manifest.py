@@ -1,4 +1,5 @@
-"""The checkpoint's tensor manifest: every tensor name with its shape and dtype (DESIGN.md 7).
+"""The checkpoint's tensor manifest: every tensor name with its shape and dtype
+(docs/design.md 2.7).
 
 One definition shared by `tools.make_checkpoint` (what to write) and the loaders (what to expect).
 Names follow the released checkpoint (`layers.{i}.attn.wq_a.weight`, ...). Dtypes here are the

@@ -4,7 +4,7 @@ tiny   CI: every role (SWA, Full, Reuse, Reindex), two encoder groups, two Reind
        ratios 2 and 1; prompts of 64-512 tokens exceed its window (16), top-k (8) and candidate
        pool (12 blocks x 4 = 48 positions).
 small  CPU demo: the same layout, wider.
-flash  V4.1-Flash attention geometry (DESIGN.md sections 2 and 8).
+flash  V4.1-Flash attention geometry (docs/design.md 2.1).
 """
 
 

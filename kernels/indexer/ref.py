@@ -1,4 +1,4 @@
-"""Torch references for the paged lightning indexer (DESIGN.md 3.5-3.6).
+"""Torch references for the paged lightning indexer (docs/design.md 2.2, steps 5-6).
 
 Interface shared with the fast paths (kernels/indexer/ops.py, kernels/indexer/sm100.py):
     qI   bf16/fp32 [T, HI, DI]  FP4 fake-quantized queries (values, not records; every such value

@@ -1,7 +1,7 @@
 """Fused KV stores: projected rows in, finished V41 / V41_FP4 / INDEX_K records out.
 
 One launch per cache write. `store_records` is the general entry; `store_swa`, `store_latent`
-and `store_index_k` name the three uses of DESIGN.md section 3:
+and `store_index_k` name the three uses of docs/design.md 2.2:
 
 | use          | steps                         | layout              | record (D=512 / DI=128) |
 |--------------|-------------------------------|---------------------|-------------------------|

@@ -6,7 +6,7 @@ from SGLang-style tables (`req_to_token`-like [B, L] maps from a request's item 
 slot, -1 = unallocated), on device and with static shapes, so they can run inside a CUDA graph.
 
 SWA span of a token at position `pos`: [max(pos - W + 1, floor), pos], where `floor` is 0, or
-the first replayed position under decoder bounded replay (DESIGN.md section 5). Positions outside
+the first replayed position under decoder bounded replay (docs/design.md 2.5). Positions outside
 the span, and slots that are -1 in the table, become -1.
 """
 

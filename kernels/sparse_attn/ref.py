@@ -1,4 +1,4 @@
-"""Torch reference of sparse MQA attention over V4.1 records (DESIGN.md section 3, step 7).
+"""Torch reference of sparse MQA attention over V4.1 records (docs/design.md 2.2, step 7).
 
 The formula is the oracle's, `sglang_dsv41.layers.sparse_attention` (one softmax over the SWA
 logits, the top-k logits and the sink; K = V; the sink unscaled with a zero value); this file only

@@ -1,4 +1,4 @@
-"""The three KV cache records, packed and unpacked byte for byte (DESIGN.md section 4).
+"""The three KV cache records, packed and unpacked byte for byte (docs/design.md 2.4).
 
 One record holds one token's (or one compressed entry's) vector of D values, D a multiple of 32:
 

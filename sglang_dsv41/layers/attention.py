@@ -2,7 +2,7 @@
 
 Every layer owns its query path (wq_a -> q_norm -> wq_b, RoPE on the last R dims), its private SWA
 KV path (wkv -> kv_norm -> RoPE, stored as V41 FP8), its sink logits and its grouped output
-projection. The role-specific parts are attached from the config lists (DESIGN.md 2):
+projection. The role-specific parts are attached from the config lists (docs/design.md 2.1):
     .compressor  kv sources (Full): main-KV latents (Compressor)
     .indexer     index sources (Full, Reindex): indexer queries, and keys for Full (Indexer)
 Reuse layers have neither; SWA-only layers (ratio 0) have no global branch at all.

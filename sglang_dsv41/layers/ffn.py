@@ -1,4 +1,5 @@
-"""Feed-forward blocks: a SwiGLU expert, the V4.1 MoE router and a dense fallback (DESIGN.md 8).
+"""Feed-forward blocks: a SwiGLU expert, the V4.1 MoE router and a dense fallback
+(docs/design.md 2.6).
 
 MoE: router logits l = x W_gate^T in fp32; scores s = score_fn(l) with score_fn one of
 softmax / sigmoid / sqrtsoftplus (sqrt(softplus(l))); experts chosen by top-k of s + gate.bias

@@ -5,8 +5,9 @@
 
 Selection is deterministic: higher score first, ties broken by the lower index, so the oracle
 and every serving path pick the same set whenever their scores agree. The candidate pool of the
-decoder's candidate source (DESIGN.md 3.6) max-pools the score row over blocks, forces the block
-holding the newest visible entry, and keeps the top blocks (ties -> lower block id).
+decoder's candidate source (docs/design.md 2.2, step 6) max-pools the score row over blocks,
+forces the block holding the newest visible entry, and keeps the top blocks (ties -> lower
+block id).
 """
 
 import torch

@@ -1,4 +1,4 @@
-"""mHC: manifold-constrained hyper-connections, the V4.1 residual (DESIGN.md section 8).
+"""mHC: manifold-constrained hyper-connections, the V4.1 residual (docs/design.md 2.6).
 
 The residual is S = hc_mult parallel streams per token, H [T, S, d] (d = hidden). Each sublayer
 (attention, then FFN) is wrapped in one hyper-connection with parameters

@@ -2,9 +2,9 @@
 
 Layers with compress ratio > 0 use `compress_rope_theta` with YaRN (`rope_scaling`: factor,
 original_max_position_embeddings, beta_fast, beta_slow) whenever `rope_scaling` gives an original
-length, whatever max_position_embeddings says (DESIGN.md 3; SGLang's `precompute_freqs_cis` does
-the same); ratio-0 layers use `rope_theta` without YaRN. Pair i of the rotated span is
-(x[2i], x[2i+1]), rotated by angle pos * inv_freq[i].
+length, whatever max_position_embeddings says (docs/design.md 2.3; SGLang's
+`precompute_freqs_cis` does the same); ratio-0 layers use `rope_theta` without YaRN. Pair i of
+the rotated span is (x[2i], x[2i+1]), rotated by angle pos * inv_freq[i].
 """
 
 import math

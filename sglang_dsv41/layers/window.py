@@ -1,8 +1,8 @@
-"""The sliding window of one query: which SWA key positions it sees (DESIGN.md 3, step 7).
+"""The sliding window of one query: which SWA key positions it sees (docs/design.md 2.2, step 7).
 
 A query at position p sees the keys at [max(floor, p - W + 1), p]: its own layer's SWA keys of
 the last W positions, floored at the first replayed position under decoder bounded replay
-(DESIGN.md 5; floor 0 otherwise). Every path states the window through this function.
+(docs/design.md 2.5; floor 0 otherwise). Every path states the window through this function.
 """
 
 import torch

@@ -1,6 +1,6 @@
 """ReferenceModel: the whole V4.1 text model over a full token sequence, no cache (the oracle).
 
-forward(input_ids, replay_floor=F) computes logits exactly as DESIGN.md sections 3 and 5 say.
+forward(input_ids, replay_floor=F) computes logits exactly as docs/design.md 2.2 and 2.5 say.
 F = 0 is the full forward. F > 0 is decoder SWA bounded replay: encoder layers run on all L
 tokens, the decoder's Full layer compresses (and projects index K from) its attention input over
 all L tokens, and the decoder's attention and FFN run only on positions >= F, with SWA spans

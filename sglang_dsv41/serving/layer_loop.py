@@ -1,7 +1,7 @@
 """The served layer loop: the oracle's loop (reference/model.py) with the cached attention.
 
-Bounded replay (DESIGN.md 5): at the first decoder layer, rows of a request below its floor are
-dropped after the decoder's Full layer has taken its attention input over every row (its
+Bounded replay (docs/design.md 2.5): at the first decoder layer, rows of a request below its
+floor are dropped after the decoder's Full layer has taken its attention input over every row (its
 compressor runs over all tokens); dropped rows come out as zero hidden states (their logits are
 never used). Engram layers rewrite the residual before their attention, with hash rows from the
 rows' n-gram windows (engram_history: this forward's ids and the request slots' tails, which the

@@ -1,5 +1,5 @@
 """What an attention layer writes to the pool: its SWA records and, for Full layers, the main-KV
-and index-K entries its rows complete (DESIGN.md 3, steps 2-4).
+and index-K entries its rows complete (docs/design.md 2.2, steps 2-4).
 
 One `kernels.kv_store` call per write (Triton on SM90+, the torch reference elsewhere); the values
 are the layers' formulas (`MqaAttentionBase.swa_kv`, `Compressor`, `Indexer.keys`), the bytes the

@@ -6,7 +6,8 @@
     fp8_gemm_runner_backend  flashinfer_cutedsl on SM100 (the 32x32 UE8M0 blocks served as
                              MXFP8, as SGLang does for its own V4.1); SGLang's default (DeepGEMM
                              block-32, its Triton fallback) elsewhere
-    prefill / decode CUDA graphs   off (the dsv41 backend captures none)
+    prefill / decode CUDA graphs   off (the in-tree layer loop with the dsv41 backend is not
+                             verified under graph capture)
 On SM90 the FP4 runner (flashinfer CUTLASS, W4A16) needs the hidden size and the per-rank expert
 width (moe_intermediate_size * ep_size / tp_size) to be multiples of 128; V4.1-Flash's 2304 at
 --tp 8 gives 288, so the error says to shard the experts by expert parallelism (--ep-size 8).

@@ -2,7 +2,7 @@
 
     replay   decoder SWA bounded replay (server flag --enable-decoder-swa-bounded-replay, default
              on; --no-enable-decoder-swa-bounded-replay turns it off), where the config supports
-             it (every kv source at or before the first decoder layer, DESIGN.md 5)
+             it (every kv source at or before the first decoder layer, docs/design.md 2.5)
 
 The model builds its options and hands them to the pool and backend. SGLang's scheduler hooks
 (the radix-match cap on a `Req`) run in the same process but see only the request, so the
@@ -53,7 +53,7 @@ def replay_flag() -> bool:
 
 
 def replay_supported(cfg: DeepseekV41Config) -> bool:
-    """Replay needs every decoder kv source at the first decoder layer (DESIGN.md 5)."""
+    """Replay needs every decoder kv source at the first decoder layer (docs/design.md 2.5)."""
     return all(s <= cfg.decoder_start for s in cfg.kv_source_layer_ids)
 
 

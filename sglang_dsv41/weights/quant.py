@@ -1,4 +1,4 @@
-"""Weight quantization formats of the released checkpoint (DESIGN.md section 8), bit-exact.
+"""Weight quantization formats of the released checkpoint (docs/design.md 2.7), bit-exact.
 
 FP8 linears: `X.weight` float8_e4m3fn [N, K] with `X.scale` UE8M0 [ceil(N/32), ceil(K/32)],
     one scale per 32 x 32 block: W[n, k] = e4m3(w[n, k]) * scale[n // 32, k // 32].

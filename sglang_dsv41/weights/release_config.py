@@ -1,7 +1,7 @@
 """The released V4.1-Flash `config.json` layout, at full size and at flash-mini widths.
 
-Released layout (DESIGN.md section 8): top level `architectures`, `model_type`,
-`quantization_config` {quant_method fp8, weight_block_size [32, 32], scale_fmt ue8m0,
+Released layout (docs/design.md 2.7, docs/release_format.md): top level `architectures`,
+`model_type`, `quantization_config` {quant_method fp8, weight_block_size [32, 32], scale_fmt ue8m0,
 expert_dtype fp4, activation_scheme dynamic}, `text_config` (every text field, 43
 `compress_ratios` with the 3 MTP stages' zeros at the end), `vision_config` (the ViT; text-only
 serving ignores it).

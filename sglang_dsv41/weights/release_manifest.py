@@ -1,7 +1,7 @@
 """The released checkpoint's tensor manifest: every text tensor's name, stored dtype and shape.
 
 Built from the dense manifest (`sglang_dsv41.manifest.tensor_manifest`, one name per logical
-tensor) by the released quantization rules of DESIGN.md section 8:
+tensor) by the released quantization rules of docs/design.md 2.7:
 
     FP8 e4m3 + `.scale` UE8M0 per 32x32 block   attn.wq_a, wq_b, wkv, wo_a, wo_b, indexer.wq_b,
                                                   shared experts (and a dense FFN), engram.wkv

@@ -29,7 +29,7 @@ TINY_V4 = (88 + 17) * (0.5 + 0.5 + 1)  # 210 B/token
 
 
 def test_flash_bytes_per_token_goal():
-    """V4.1-Flash: 890 B/token (DESIGN.md 4) against V4's 2.5 x (584 + 68) = 1630."""
+    """V4.1-Flash: 890 B/token (docs/design.md 2.4) against V4's 2.5 x (584 + 68) = 1630."""
     cfg = preset("flash")
     ours, up = dsv41_footprint(cfg).per_token, v4_footprint(cfg).per_token
     assert (ours, up) == (890, 1630)

@@ -57,7 +57,7 @@ def test_flash_check_values():
     mult = engram_multipliers(1, FLASH["n"], FLASH["compressed"]).tolist()
     assert mult == [76632096046245, 4839876093313, 35959672319349, 73987337458391]
     assert all(m % 2 == 1 for m in engram_multipliers(14, 4, FLASH["compressed"]).tolist())
-    assert sum(l1) == 384006168  # rows of layer 1's table (~384M, DESIGN.md section 8)
+    assert sum(l1) == 384006168  # rows of layer 1's table (~384M, docs/release_format.md)
 
 
 def test_is_prime_small():

@@ -1,4 +1,4 @@
-"""V4.1 MoE (DESIGN.md section 8) against a brute-force per-token loop.
+"""V4.1 MoE (docs/design.md 2.6) against a brute-force per-token loop.
 
 Routing: fp32 logits l; s = sqrt(softplus(l)); top-k of s + gate.bias; weights
 s[idx] / sum(s[idx]) * routed_scaling; expert w2(silu(min(w1 x, lim)) * clamp(w3 x, -lim, lim));

@@ -1,4 +1,4 @@
-"""The full-size released tensor manifest (DESIGN.md section 8) and the load-time validator."""
+"""The full-size released tensor manifest (docs/design.md 2.7) and the load-time validator."""
 
 import json
 import struct
@@ -53,7 +53,7 @@ def test_released_config_parses(flash_cfg):
     assert "vision_config" in c.extra
 
 
-# (name, shape, dtype) facts of DESIGN.md section 8
+# (name, shape, dtype) facts of docs/design.md 2.7 and docs/release_format.md
 FACTS = [
     ("layers.5.attn.wq_a.weight", (1280, 5120), E4M3),
     ("layers.5.attn.wq_a.scale", (40, 160), UE8M0),

@@ -1,7 +1,7 @@
 """mHC and Engram against SGLang 0.5.23's in-tree torch paths (read for facts, never copied).
 
-Guards the facts DESIGN.md section 8 takes from public ports: the mixing/Sinkhorn split, the
-compressed token map, primes, multipliers, hash rows and the Engram gate.
+Guards the facts docs/design.md 2.6 and docs/release_format.md take from public ports: the
+mixing/Sinkhorn split, the compressed token map, primes, multipliers, hash rows and the Engram gate.
 """
 
 import numpy as np
