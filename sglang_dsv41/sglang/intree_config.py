@@ -9,7 +9,7 @@ the checkpoint's values), never from SGLang's own config loading, which this plu
 Values set on purpose, because SGLang resolves them only for its own architecture name:
     topk_group = n_group      routing is ungrouped (sqrt-softplus over all experts)
     hc_pre_from_prev_sublayer the mHC input of a sublayer uses the previous sublayer's `pre`
-                              (DESIGN.md 8), which is this package's only residual scheme
+                              (docs/design.md 2.6), which is this package's only residual scheme
     vision_n_layers = 0       text-only serving; vision tensors are skipped at load
     Fp8Config.is_fp4_experts  the routed experts are packed e2m1 (`expert_dtype: fp4`)
 """

@@ -1,4 +1,4 @@
-"""The YaRN rule (DESIGN.md 3 "RoPE"): a ratio > 0 layer uses YaRN whenever `rope_scaling` gives
+"""The YaRN rule (docs/design.md 2.3): a ratio > 0 layer uses YaRN whenever `rope_scaling` gives
 an original length, whatever max_position_embeddings says; ratio-0 layers never do.
 
 flash-mini keeps the release's rope_scaling (factor 16, original 65536) with
