@@ -13,13 +13,12 @@ rows only, and asks the attention backend for five members:
     exit_late_layer_tail(saved, fb)         back to every row
     prefill_graph_late_layer_saved          prefill CUDA graphs only; they stay off (None)
 
-The tail (docs/design.md 2.5): per request, the rows at positions >= its floor (the replay
-floor in its request slot of the pool, 0 for a full forward), i.e. the last min(window,
-prompt) prompt tokens. It is built for every extend batch while the pool's ServingOptions
-have replay on (the in-tree loop then reads it on every extend, even one with nothing below a floor). The mixin is
-cooperative: `class B(LateLayerTailMixin, DSV41AttnBackend)` builds the tail after the base
-class built `forward_batch.dsv41_context` (`DSV41TailBackend` below).
-"""
+The tail (docs/design.md 2.5): per request, the rows at positions >= its floor (the replay floor in
+its request slot of the pool, 0 for a full forward), i.e. the last min(window, prompt) prompt
+tokens. It is built for every extend batch while the pool's ServingOptions have replay on (the in-
+tree loop then reads it on every extend, even one with nothing below a floor). The mixin is
+cooperative: `class B(LateLayerTailMixin, DSV41AttnBackend)` builds the tail after the base class
+built `forward_batch.dsv41_context` (`DSV41TailBackend` below). """
 
 from __future__ import annotations
 
