@@ -164,6 +164,21 @@ def serve(engine, prompts, new, chunk=None, floors=None):
     return outs
 
 
+def toy_model(cfg=None, seed: int = 0):
+    """The oracle's model with random weights (default: the tiny preset) and sinks drawn away from
+    zero, so the sink's term shows in every test that uses it."""
+    from sglang_dsv41.config import preset
+    from sglang_dsv41.reference.model import ReferenceModel
+
+    torch.manual_seed(seed)
+    m = ReferenceModel(cfg or preset("tiny")).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("attn_sink"):
+                p.normal_(0, 0.1)
+    return m
+
+
 def prompts(n_list, seed=5):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(2, 512, (n,), generator=g).tolist() for n in n_list]

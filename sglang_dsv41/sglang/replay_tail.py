@@ -18,7 +18,7 @@ its request slot of the pool, 0 for a full forward), i.e. the last min(window, p
 tokens. It is built for every extend batch while the pool's ServingOptions have replay on (the in-
 tree loop then reads it on every extend, even one with nothing below a floor). The mixin is
 cooperative: `class B(LateLayerTailMixin, DSV41AttnBackend)` builds the tail after the base class
-built `forward_batch.dsv41_context` (`DSV41TailBackend` below). """
+built `forward_batch.dsv41_context` (`DSV41TailBackend` below)."""
 
 from __future__ import annotations
 

@@ -13,19 +13,12 @@ import torch
 
 from sglang_dsv41.config import preset
 from sglang_dsv41.reference import attention as ref_attention
-from sglang_dsv41.reference.model import ReferenceModel
 from sglang_dsv41.serving import attention as serving_attention
-from sglang_dsv41.serving.toy import ToyEngine, prompts, serve
+from sglang_dsv41.serving.toy import ToyEngine, prompts, serve, toy_model
 
 
 def make_model(cfg=None):
-    torch.manual_seed(0)
-    m = ReferenceModel(cfg or preset("tiny")).eval()
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("attn_sink"):
-                p.normal_(0, 0.1)
-    return m
+    return toy_model(cfg)
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,11 @@ import torch
 
 from sglang_dsv41.config import preset
 from sglang_dsv41.layers.engram import ngram_windows
-from sglang_dsv41.reference.model import ReferenceModel
 from sglang_dsv41.serving import engram_history
 from sglang_dsv41.serving.buffers import RecordBuffers
 from sglang_dsv41.serving.context import build_rows
 from sglang_dsv41.serving.geometry import PoolGeometry, swa_slots_needed
-from sglang_dsv41.serving.toy import PAGE, ToyEngine, prompts, serve
+from sglang_dsv41.serving.toy import PAGE, ToyEngine, prompts, serve, toy_model
 
 
 @pytest.mark.parametrize("name", ["tiny", "small", "flash"])
@@ -48,13 +47,7 @@ def test_flash_global_bytes_and_sizing():
 
 
 def _model():
-    torch.manual_seed(0)
-    m = ReferenceModel(preset("tiny")).eval()
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("attn_sink"):
-                p.normal_(0, 0.1)
-    return m
+    return toy_model()
 
 
 @torch.no_grad()

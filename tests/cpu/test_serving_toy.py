@@ -16,7 +16,7 @@ sys.modules.setdefault("sglang", None)  # the pieces under test must not need SG
 
 from sglang_dsv41.config import preset  # noqa: E402
 from sglang_dsv41.reference.model import ReferenceModel  # noqa: E402
-from sglang_dsv41.serving.toy import ToyEngine, prompts, serve  # noqa: E402
+from sglang_dsv41.serving.toy import ToyEngine, prompts, serve, toy_model  # noqa: E402
 
 if sys.modules.get("sglang", 0) is None:  # the imports above ran without SGLang; let
     del sys.modules["sglang"]  # later test modules (upstream parity) import the real one
@@ -26,13 +26,7 @@ PAGE = 2
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    m = ReferenceModel(preset("tiny")).eval()
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("attn_sink"):
-                p.normal_(0, 0.1)
-    return m
+    return toy_model()
 
 
 _prompts, _serve = prompts, serve

@@ -18,16 +18,9 @@ SIZES = (1, 2, 4, 8)
 
 
 def _model():
-    from sglang_dsv41.config import preset
-    from sglang_dsv41.reference.model import ReferenceModel
+    from sglang_dsv41.serving.toy import toy_model
 
-    torch.manual_seed(0)
-    m = ReferenceModel(preset("tiny")).eval()
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("attn_sink"):
-                p.normal_(0, 0.1)
-    return m.cuda()
+    return toy_model().cuda()
 
 
 @torch.no_grad()
