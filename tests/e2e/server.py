@@ -109,7 +109,7 @@ class Server:
         with open(self.log_path, errors="replace") as f:
             return f.read()
 
-    def generate(self, input_ids, max_new_tokens: int, **extra):
+    def generate(self, input_ids, max_new_tokens: int, timeout: float = 120.0, **extra):
         body = {
             "input_ids": list(input_ids),
             "sampling_params": {
@@ -119,7 +119,7 @@ class Server:
                 **extra,
             },
         }
-        status, out = post(self.url + "/generate", body)
+        status, out = post(self.url + "/generate", body, timeout=timeout)
         assert status == 200, (status, out)
         return out
 
