@@ -143,6 +143,8 @@ def select(op: str, device: torch.device, fast: Mapping[Path, Check]) -> Path:
     if forced is Path.REF:
         return Path.REF
     avail = device_paths(device)
+    if not avail and forced is None and not _flag("DSV41_FORCE_FAST"):
+        return Path.REF  # CPU and older GPUs: nothing to choose, nothing to log
     order = [p for p in FAST_PATHS if p in fast and p in avail]
     if forced is not None and forced in fast:
         order = [forced] if forced in avail else []

@@ -36,27 +36,43 @@ E4M3_NAN = 0x7F
 # e2m1 magnitudes by code bits 0-2 (OCP MX FP4): 0b0001 = 0.5, 0b0111 = 6; bit 3 is the sign.
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_VALUES = torch.tensor(list(E2M1_GRID) + [-v for v in E2M1_GRID], dtype=torch.float32)
-_E2M1_ON: dict = {}
+
+
+def _ue8m0_bits(byte: Tensor) -> Tensor:
+    """The UE8M0 rule on bits: 2^(byte - 127) as fp32; 0 -> 2^-127 (subnormal), 0xFF -> NaN."""
+    b = byte.to(torch.int32)
+    bits = torch.where(b == 0, torch.full_like(b, 0x00400000), b << 23)  # 2^-127 is subnormal
+    scale = bits.view(torch.float32)
+    return torch.where(b == UE8M0_NAN, torch.full_like(scale, float("nan")), scale)
+
+
+# Byte -> value tables, built once from the rules above: a decode is then one gather.
+_UE8M0_VALUES = _ue8m0_bits(torch.arange(256, dtype=torch.int32))  # [256]
+_CODES = torch.arange(256, dtype=torch.int64)
+_E2M1_PAIRS = torch.stack((_E2M1_VALUES[_CODES & 0xF], _E2M1_VALUES[_CODES >> 4]), -1)  # [256, 2]
+_TABLES_ON: dict = {}
+
+
+def _table(name: str, host: Tensor, device: torch.device) -> Tensor:
+    """A decode table on `device`, copied there once (a copy from host memory cannot happen
+    inside a CUDA graph capture; the first decode, run eagerly before capture, makes it)."""
+    key = (name, device)
+    table = _TABLES_ON.get(key)
+    if table is None:
+        table = _TABLES_ON[key] = host.to(device)
+    return table
 
 
 def _e2m1_values(device: torch.device) -> torch.Tensor:
-    """The code -> value table on `device`, copied there once (a copy from host memory cannot
-    happen inside a CUDA graph capture; the first decode, run eagerly before capture, makes it)."""
-    table = _E2M1_ON.get(device)
-    if table is None:
-        table = _E2M1_ON[device] = _E2M1_VALUES.to(device)
-    return table
+    return _table("e2m1", _E2M1_VALUES, device)
 
 
 def ue8m0_decode(byte: Tensor) -> Tensor:
     """UE8M0 byte -> fp32 scale 2^(byte - 127); 0 -> 2^-127 (subnormal), 0xFF -> NaN.
 
-    byte: uint8 [...]. Returns fp32 [...], exact (built from bits, no exp2).
+    byte: uint8 [...]. Returns fp32 [...], exact (a gather from the table `_ue8m0_bits` built).
     """
-    b = byte.to(torch.int32)
-    bits = torch.where(b == 0, torch.full_like(b, 0x00400000), b << 23)  # 2^-127 is subnormal
-    scale = bits.view(torch.float32)
-    return torch.where(b == UE8M0_NAN, torch.full_like(scale, float("nan")), scale)
+    return _table("ue8m0", _UE8M0_VALUES, byte.device)[byte.to(torch.long)]
 
 
 def ue8m0_ceil(y: Tensor, lo: int = 0, hi: int = UE8M0_NAN) -> tuple[Tensor, Tensor]:
@@ -143,6 +159,13 @@ def pack_nibbles(codes: Tensor) -> Tensor:
         raise ValueError(f"pack_nibbles needs an even last dim, got {codes.shape[-1]}")
     c = codes.to(torch.uint8).unflatten(-1, (-1, 2))  # [..., n // 2, 2]
     return (c[..., 0] & 0xF) | ((c[..., 1] & 0xF) << 4)
+
+
+def e2m1_decode_packed(packed: Tensor) -> Tensor:
+    """uint8 [..., n // 2] packed codes (pack_nibbles) -> fp32 [..., n]:
+    e2m1_decode(unpack_nibbles(packed)), as one gather from a byte -> value-pair table."""
+    pairs = _table("e2m1_pairs", _E2M1_PAIRS, packed.device)[packed.to(torch.long)]
+    return pairs.flatten(-2)  # [..., n // 2, 2] -> [..., n]
 
 
 def unpack_nibbles(packed: Tensor) -> Tensor:

@@ -46,13 +46,13 @@ from sglang_dsv41.kv.fp import (
     E4M3_MAX,
     SCALE_FLOOR,
     e2m1_decode,
+    e2m1_decode_packed,
     e2m1_encode,
     e4m3_decode,
     e4m3_encode,
     pack_nibbles,
     ue8m0_ceil,
     ue8m0_decode,
-    unpack_nibbles,
 )
 
 FP4_SCALE_MIN = 2.0**-9  # smallest e4m3 subnormal
@@ -176,7 +176,7 @@ def pack_v41_fp4(x: Tensor) -> Tensor:
 def unpack_v41_fp4(rec: Tensor) -> Tensor:
     """uint8 [..., D/2 + D/16] -> fp32 [..., D]."""
     packed, sbytes, _ = _split(rec, Layout.V41_FP4)
-    v = e2m1_decode(unpack_nibbles(packed)).unflatten(-1, (-1, 16))  # [..., D/16, 16]
+    v = e2m1_decode_packed(packed).unflatten(-1, (-1, 16))  # [..., D/16, 16]
     return (v * e4m3_decode(sbytes).unsqueeze(-1)).flatten(-2)
 
 
@@ -191,7 +191,7 @@ def pack_index_k(x: Tensor) -> Tensor:
 def unpack_index_k(rec: Tensor) -> Tensor:
     """uint8 [..., DI/2 + DI/32] -> fp32 [..., DI]."""
     packed, sbytes, _ = _split(rec, Layout.INDEX_K)
-    v = e2m1_decode(unpack_nibbles(packed)).unflatten(-1, (-1, 32))  # [..., DI/32, 32]
+    v = e2m1_decode_packed(packed).unflatten(-1, (-1, 32))  # [..., DI/32, 32]
     return (v * ue8m0_decode(sbytes).unsqueeze(-1)).flatten(-2)
 
 

@@ -70,23 +70,34 @@ def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.T
     return out.long()
 
 
-def attend(attn, q, topk, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
-    """Sparse attention of q fp32 [T, H, D] over the SWA window `swa` = write_swa's (cache,
-    slots) and the top-k entries int64 [T, TOPK] (-1 padded; None for SWA-only layers) of the
-    layer's kv source, plus the sink: o fp32 [T, H, D]."""
-    cfg = attn.cfg
-    kv = topk_slots = None
-    if topk is not None and topk.shape[1]:
-        src = cfg.source_layer_of(attn.layer_id)
-        kv = pool.main[src]
-        req = rows.req[:, None].expand_as(topk).reshape(-1)
+def topk_slots(cfg, isrc: int, rows: Rows, ctx: BatchContext, pool) -> torch.Tensor:
+    """int32 [T, TOPK]: the rows' top-k entries of index source `isrc` as rows of its kv
+    source's main-KV buffer (-1 padded). Mapped once per forward over every batch row; the
+    source's Reuse layers read the same."""
+    slots = ctx.shared.topk_slots.get(isrc)
+    if slots is None:
+        topk = ctx.shared.topk[isrc]  # [T_batch, TOPK]
+        src = cfg.source_layer_of(isrc)
+        req = ctx.rows.req[:, None].expand_as(topk).reshape(-1)
         rows_of = slot_of(
             page_table(ctx, pool.page), topk.reshape(-1), req, pool.page // cfg.ratio(src)
         )
-        topk_slots = rows_of.view(topk.shape).to(torch.int32)  # [T, TOPK]
+        slots = ctx.shared.topk_slots[isrc] = rows_of.view(topk.shape).to(torch.int32)
+    return slots if rows.n == ctx.rows.n else slots[rows.ids]
+
+
+def attend(attn, q, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
+    """Sparse attention of q fp32 [T, H, D] over the SWA window `swa` = write_swa's (cache,
+    slots) and, for compressed layers, the top-k entries of the layer's index source in its kv
+    source, plus the sink: o fp32 [T, H, D]."""
+    cfg, i = attn.cfg, attn.layer_id
+    kv = top = None
+    if attn.ratio != 0:
+        kv = pool.main[cfg.source_layer_of(i)]
+        top = topk_slots(cfg, cfg.index_source_of(i), rows, ctx, pool)
     return sparse_attention(
         q,
-        SparseKV(swa[0], swa[1], kv, topk_slots, cfg.main_kv_layout),
+        SparseKV(swa[0], swa[1], kv, top, cfg.main_kv_layout),
         attn.attn_sink,
         attn.scale,
         out_dtype=torch.float32,
@@ -118,11 +129,8 @@ def attention_layer(
         return x.new_zeros(0, cfg.hidden_size)
     q, q_lora = attn.query(x, rows.pos)  # [T, H, D]
     swa = write_swa(attn, x, rows, ctx, pool, floor)
-    topk = None
-    if attn.ratio != 0:
-        if attn.indexer is not None:
-            full = torch.full((ctx.rows.n, cfg.index_topk), -1, dtype=torch.int64, device=x.device)
-            full[rows.ids] = select_topk(attn, x, q_lora, rows, ctx, pool)
-            ctx.shared.topk[i] = full
-        topk = ctx.shared.topk[cfg.index_source_of(i)][rows.ids]
-    return attn.output(attend(attn, q, topk, rows, ctx, pool, swa), rows.pos)
+    if attn.ratio != 0 and attn.indexer is not None:
+        full = torch.full((ctx.rows.n, cfg.index_topk), -1, dtype=torch.int64, device=x.device)
+        full[rows.ids] = select_topk(attn, x, q_lora, rows, ctx, pool)
+        ctx.shared.topk[i] = full
+    return attn.output(attend(attn, q, rows, ctx, pool, swa), rows.pos)

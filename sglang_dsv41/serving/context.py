@@ -59,13 +59,19 @@ class ForwardShared:
     """What source layers hand their consumers within one forward (rows = batch rows).
 
     topk        index source layer -> int64 [T_batch, TOPK] entry ids, -1 padded
+    topk_slots  index source layer -> int32 [T, TOPK] rows of its kv source's main-KV buffer for
+                the rows that read it (-1 padded); the source's Reuse layers read the same
     candidates  int32 [T_batch, NB] candidate pool block ids of the candidate source (-1 padded)
     page_table  int32 [B, n_pages] page ids of the batch's requests (serving.attention)
+    swa_window  "encoder" / "decoder" -> int32 [T, W] SWA slots of the rows' windows, shared by
+                the SWA-pool layers of that part (same rows, same floors)
     """
 
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
+    topk_slots: dict[int, torch.Tensor] = field(default_factory=dict)
     candidates: torch.Tensor | None = None
     page_table: torch.Tensor | None = None
+    swa_window: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass

@@ -42,10 +42,14 @@ def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor)
     rp = ctx.req_pool[rows.req]  # [T]
     rope = dict(norm_weight=w, eps=attn.kv_norm.eps, pos=rows.pos, inv_freq=attn.inv_freq)
     if pool.swa[i] is not None:
+        part = "decoder" if i >= attn.cfg.decoder_start else "encoder"
+        window = ctx.shared.swa_window.get(part)
+        if window is None:  # the same rows and floors for every SWA-pool layer of the part
+            full = swa_window_slots(ctx.req_to_token, rp, rows.pos, W, floor)  # [T, W]
+            window = ctx.shared.swa_window[part] = pool.swa_slot_of(full).to(torch.int32)
         dst = pool.swa_slot_of(ctx.out_loc[rows.ids])
         store_records(kv, pool.swa[i], dst, Layout.V41, **rope)
-        full = swa_window_slots(ctx.req_to_token, rp, rows.pos, W, floor)  # [T, W]
-        return pool.swa[i], pool.swa_slot_of(full).to(torch.int32)
+        return pool.swa[i], window
     ring = pool.ring[i]  # [R, W, B]
     Bn, B, T, dev = ctx.batch_size, ring.shape[-1], rows.n, kv.device
     scratch = torch.empty(Bn * W + T, B, dtype=torch.uint8, device=dev)
@@ -78,9 +82,10 @@ def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
     """Full layer: write the main-KV and index-K entries completed by these rows (ratio 1 or 2;
     a ratio-2 request's unpaired token waits in pool.pending[layer][request slot]).
 
-    Static shapes, no host sync: every row computes a latent (rows that complete no entry store
-    nothing: slot -1), so decode runs inside a CUDA graph. Row-wise math, so the completed
-    entries' bytes do not depend on the rows around them.
+    Static shapes, no host sync off the CPU: every row computes a latent (rows that complete no
+    entry store nothing: slot -1), so decode runs inside a CUDA graph; on the CPU only completing
+    rows do. Row-wise math, so the completed entries' bytes do not depend on the rows around
+    them.
     """
     i, r = attn.layer_id, attn.ratio
     if r not in (1, 2):
@@ -100,10 +105,16 @@ def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
         pend[dst] = torch.stack((c, z), 1)
     else:
         cg, zg = c[:, None], None
-    latent = attn.compressor.pool(cg, zg)  # [T, D]
     entry_pos = rows.pos // r * r
     rows_at = pool.entry_rows(i, ctx.req_to_token[rp, entry_pos].long())
     dst = torch.where(done, rows_at, torch.full_like(rows_at, -1))
+    if c.device.type == "cpu":  # no graphs to keep static: only the completing rows go on
+        keep = done.nonzero().flatten()
+        if keep.numel() == 0:
+            return
+        cg, entry_pos, dst = cg[keep], entry_pos[keep], dst[keep]
+        zg = None if zg is None else zg[keep]
+    latent = attn.compressor.pool(cg, zg)  # [T, D]
     store_latent(
         latent.float(),
         entry_pos,
