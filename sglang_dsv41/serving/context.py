@@ -63,15 +63,17 @@ class ForwardShared:
                 the rows that read it (-1 padded); the source's Reuse layers read the same
     candidates  int32 [T_batch, NB] candidate pool block ids of the candidate source (-1 padded)
     page_table  int32 [B, n_pages] page ids of the batch's requests (serving.attention)
-    swa_window  "encoder" / "decoder" -> int32 [T, W] SWA slots of the rows' windows, shared by
-                the SWA-pool layers of that part (same rows, same floors)
+    swa_window  "encoder" / "decoder" -> the SWA-pool layers' window slots and destinations
+                (serving.stores.PoolWindow), shared by the layers of that part (same rows, floors)
+    ring_plan   the ring layers' reads and writes (serving.stores.RingPlan), shared likewise
     """
 
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
     topk_slots: dict[int, torch.Tensor] = field(default_factory=dict)
     candidates: torch.Tensor | None = None
     page_table: torch.Tensor | None = None
-    swa_window: dict[str, torch.Tensor] = field(default_factory=dict)
+    swa_window: dict[str, object] = field(default_factory=dict)  # serving.stores.PoolWindow
+    ring_plan: object | None = None  # serving.stores.RingPlan of the ring layers
 
 
 @dataclass

@@ -8,6 +8,8 @@ record codecs' (`kv.records`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sglang_dsv41.kernels.kv_store import store_index_k, store_latent, store_records
@@ -39,35 +41,76 @@ def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor)
     """
     i, W = attn.layer_id, attn.cfg.sliding_window
     kv, w = _normed_input(attn.wkv, attn.kv_norm, x)
-    rp = ctx.req_pool[rows.req]  # [T]
     rope = dict(norm_weight=w, eps=attn.kv_norm.eps, pos=rows.pos, inv_freq=attn.inv_freq)
     if pool.swa[i] is not None:
         part = "decoder" if i >= attn.cfg.decoder_start else "encoder"
-        window = ctx.shared.swa_window.get(part)
-        if window is None:  # the same rows and floors for every SWA-pool layer of the part
-            full = swa_window_slots(ctx.req_to_token, rp, rows.pos, W, floor)  # [T, W]
-            window = ctx.shared.swa_window[part] = pool.swa_slot_of(full).to(torch.int32)
-        dst = pool.swa_slot_of(ctx.out_loc[rows.ids])
-        store_records(kv, pool.swa[i], dst, Layout.V41, **rope)
-        return pool.swa[i], window
+        plan = ctx.shared.swa_window.get(part)
+        if plan is None:  # the same rows and floors for every SWA-pool layer of the part
+            plan = ctx.shared.swa_window[part] = PoolWindow.of(rows, ctx, pool, W, floor)
+        store_records(kv, pool.swa[i], plan.dst, Layout.V41, **rope)
+        return pool.swa[i], plan.slots
+    plan = ctx.shared.ring_plan
+    if plan is None:  # the same rows and floors for every ring layer (the decoder's)
+        plan = ctx.shared.ring_plan = RingPlan.of(rows, ctx, W, floor)
     ring = pool.ring[i]  # [R, W, B]
     Bn, B, T, dev = ctx.batch_size, ring.shape[-1], rows.n, kv.device
     scratch = torch.empty(Bn * W + T, B, dtype=torch.uint8, device=dev)
     scratch[: Bn * W] = ring[ctx.req_pool].view(Bn * W, B)
     new = scratch[Bn * W :]
-    store_records(kv, new, torch.arange(T, device=dev), Layout.V41, **rope)
-    first = rows.first_of_request()  # [T]
-    kpos, ok = swa_window(rows.pos, W, floor)  # [T, W]
-    p0 = rows.pos[first]
-    in_fwd = kpos >= p0[:, None]
-    slots = torch.where(
-        in_fwd, Bn * W + first[:, None] + kpos - p0[:, None], rows.req[:, None] * W + kpos % W
-    )
-    slots = torch.where(ok, slots, torch.full_like(slots, -1)).to(torch.int32)
-    # keep each request's last W rows of this forward; other rows go to the padding slot 0
-    keep = rows.pos > rows.pos[rows.last_row()] - W
-    ring[torch.where(keep, rp, torch.zeros_like(rp)), rows.pos % W] = new
-    return scratch, slots
+    store_records(kv, new, plan.new_rows, Layout.V41, **rope)
+    ring[plan.keep_slot, plan.ring_pos] = new
+    return scratch, plan.slots
+
+
+@dataclass
+class PoolWindow:
+    """Where SWA-pool layers read and write in one forward: slots int32 [T, W], each row's
+    window as SWA slots (-1 outside); dst int64 [T], the rows' own SWA slots."""
+
+    slots: torch.Tensor
+    dst: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: Rows, ctx: BatchContext, pool, W: int, floor: torch.Tensor) -> PoolWindow:
+        rp = ctx.req_pool[rows.req]  # [T]
+        full = swa_window_slots(ctx.req_to_token, rp, rows.pos, W, floor)  # [T, W]
+        slots = pool.swa_slot_of(full).to(torch.int32)
+        return cls(slots, pool.swa_slot_of(ctx.out_loc[rows.ids]))
+
+
+@dataclass
+class RingPlan:
+    """Where ring layers read and write in one forward (rows and floors are the same for each).
+
+    slots     int32 [T, W]: each row's window in the scratch buffer [Bn W + T, B] (the batch's
+              rings, request b's position p at b W + p % W, then this forward's rows), -1 outside
+    new_rows  int64 [T]: 0..T-1, the rows' records in the scratch's tail
+    keep_slot int64 [T]: the request slot whose ring keeps the row (each request's last W rows of
+              this forward), 0 (padding) for the others
+    ring_pos  int64 [T]: position % W
+    """
+
+    slots: torch.Tensor
+    new_rows: torch.Tensor
+    keep_slot: torch.Tensor
+    ring_pos: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: Rows, ctx: BatchContext, W: int, floor: torch.Tensor) -> RingPlan:
+        Bn, T = ctx.batch_size, rows.n
+        first = rows.first_of_request()  # [T]
+        kpos, ok = swa_window(rows.pos, W, floor)  # [T, W]
+        p0 = rows.pos[first]
+        in_fwd = kpos >= p0[:, None]
+        slots = torch.where(
+            in_fwd, Bn * W + first[:, None] + kpos - p0[:, None], rows.req[:, None] * W + kpos % W
+        )
+        slots = torch.where(ok, slots, torch.full_like(slots, -1)).to(torch.int32)
+        rp = ctx.req_pool[rows.req]
+        keep = rows.pos > rows.pos[rows.last_row()] - W
+        keep_slot = torch.where(keep, rp, torch.zeros_like(rp))
+        new_rows = torch.arange(T, device=rows.pos.device)
+        return cls(slots, new_rows, keep_slot, rows.pos % W)
 
 
 def _pairs(rows: Rows, r: int):
