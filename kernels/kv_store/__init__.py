@@ -46,6 +46,7 @@ def store_records(
     inv_freq: Tensor | None = None,
     cos_sin_cache: tuple[Tensor, Tensor] | None = None,
     split_page: int = 1,
+    angles: tuple[Tensor, Tensor] | None = None,
 ) -> None:
     """Normalize (optional), rotate (optional) and pack T rows into `pool` at `slots`, in place.
 
@@ -53,7 +54,8 @@ def store_records(
     after RoPE, like the torch layers); pool uint8 [..., record_bytes(layout, D)], or
     [num_pages, split_page * record_bytes(layout, D)] split pages;
     slots [T] int32/int64 (-1 = skip); norm_weight [D] (RMSNorm, fp32 statistics) or None;
-    pos [T] int with inv_freq [R/2] or cos_sin_cache (cos, sin) [max_pos, R/2] fp32, or no RoPE.
+    pos [T] int with inv_freq [R/2] or cos_sin_cache (cos, sin) [max_pos, R/2] fp32; or angles
+    (cos, sin) fp32 [T, R/2] of the rows themselves (layers.rope.RopeAngles); or no RoPE.
     """
     if x.dim() != 2:
         raise ValueError(f"x must be [T, D], got {tuple(x.shape)}")
@@ -66,12 +68,14 @@ def store_records(
         raise ValueError(f"slots must be [T]={T}, got {tuple(slots.shape)}")
     flat = pool.view(-1, row)
     has_rope = inv_freq is not None or cos_sin_cache is not None
-    if has_rope and pos is None:
+    if has_rope and pos is None and angles is None:
         raise ValueError("RoPE needs pos")
     path = dispatch.select("kv_store", x.device, {Path.TRITON: lambda: None})
     if path is Path.REF:
         cos = sin = None
-        if cos_sin_cache is not None:
+        if angles is not None:
+            cos, sin = angles
+        elif cos_sin_cache is not None:
             cos, sin = (c[pos.long()] for c in cos_sin_cache)
         elif inv_freq is not None:
             cos, sin = rope_cos_sin(pos, inv_freq)
@@ -82,7 +86,9 @@ def store_records(
     x = x if x.stride(-1) == 1 else x.contiguous()
     w = None if norm_weight is None else norm_weight.to(torch.float32).contiguous()
     cos = sin = rows = None
-    if cos_sin_cache is not None:
+    if angles is not None:
+        cos, sin = (c.to(torch.float32).contiguous() for c in angles)
+    elif cos_sin_cache is not None:
         cos, sin = (c.to(torch.float32).contiguous() for c in cos_sin_cache)
         rows = pos
     elif inv_freq is not None:

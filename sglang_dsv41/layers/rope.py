@@ -8,6 +8,7 @@ the rotated span is (x[2i], x[2i+1]), rotated by angle pos * inv_freq[i].
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -51,16 +52,31 @@ def rope_inv_freq(cfg, ratio: int) -> torch.Tensor:
     ).float()
 
 
+class RopeAngles(NamedTuple):
+    """cos, sin fp32 [T, R/2] of T positions under one inv_freq (`rope_cos_sin`): computed once
+    and passed in place of the positions wherever the same rows are rotated again."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 def apply_rope(
-    x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, inverse: bool = False
+    x: torch.Tensor,
+    pos: "torch.Tensor | RopeAngles",
+    inv_freq: torch.Tensor,
+    inverse: bool = False,
 ) -> torch.Tensor:
     """Rotate the last 2*len(inv_freq) dims of x.
 
-    x [T, ..., C] float, pos [T] int64, inv_freq fp32 [R/2] -> same shape and dtype as x.
-    inverse=True applies the opposite rotation (used on the attention output).
+    x [T, ..., C] float, pos [T] int64 (or their RopeAngles under this inv_freq), inv_freq fp32
+    [R/2] -> same shape and dtype as x. inverse=True applies the opposite rotation (used on the
+    attention output).
     """
     R = 2 * inv_freq.numel()
-    cos, sin = rope_cos_sin(pos.to(x.device), inv_freq)
+    if isinstance(pos, RopeAngles):
+        cos, sin = pos
+    else:
+        cos, sin = rope_cos_sin(pos.to(x.device), inv_freq)
     if inverse:
         sin = -sin
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (R // 2,)

@@ -48,7 +48,7 @@ def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.T
     unspecified) of these rows; the candidate source also leaves its pool in ctx.shared."""
     cfg, i = attn.cfg, attn.layer_id
     src = cfg.source_layer_of(i)
-    qI, w = attn.indexer.queries(q_lora, x, rows.pos, attn.inv_freq)
+    qI, w = attn.indexer.queries(q_lora, x, ctx.shared.angles(attn, rows), attn.inv_freq)
     kv = PagedIndexK(
         index_k=pool.index_k[src],
         page_table=page_table(ctx, pool.page),
@@ -127,10 +127,11 @@ def attention_layer(
         )
     if rows.n == 0:
         return x.new_zeros(0, cfg.hidden_size)
-    q, q_lora = attn.query(x, rows.pos)  # [T, H, D]
+    angles = ctx.shared.angles(attn, rows)  # RoPE of rows.pos, once per forward
+    q, q_lora = attn.query(x, angles)  # [T, H, D]
     swa = write_swa(attn, x, rows, ctx, pool, floor)
     if attn.ratio != 0 and attn.indexer is not None:
         full = torch.full((ctx.rows.n, cfg.index_topk), -1, dtype=torch.int64, device=x.device)
         full[rows.ids] = select_topk(attn, x, q_lora, rows, ctx, pool)
         ctx.shared.topk[i] = full
-    return attn.output(attend(attn, q, rows, ctx, pool, swa), rows.pos)
+    return attn.output(attend(attn, q, rows, ctx, pool, swa), angles)

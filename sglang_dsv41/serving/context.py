@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang_dsv41.layers.rope import RopeAngles, rope_cos_sin
+
 
 @dataclass
 class Rows:
@@ -66,6 +68,7 @@ class ForwardShared:
     swa_window  "encoder" / "decoder" -> the SWA-pool layers' window slots and destinations
                 (serving.stores.PoolWindow), shared by the layers of that part (same rows, floors)
     ring_plan   the ring layers' reads and writes (serving.stores.RingPlan), shared likewise
+    rope        "part:kind" -> RopeAngles of the part's rows (see `angles`)
     """
 
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -74,6 +77,18 @@ class ForwardShared:
     page_table: torch.Tensor | None = None
     swa_window: dict[str, object] = field(default_factory=dict)  # serving.stores.PoolWindow
     ring_plan: object | None = None  # serving.stores.RingPlan of the ring layers
+    rope: dict[str, RopeAngles] = field(default_factory=dict)
+
+    def angles(self, attn, rows: Rows) -> RopeAngles:
+        """RoPE angles of `rows` under the layer's inv_freq, computed once per forward for each
+        part (encoder / decoder rows) and kind (inv_freq depends only on whether the layer
+        compresses: layers.rope.rope_inv_freq)."""
+        part = "decoder" if attn.layer_id >= attn.cfg.decoder_start else "encoder"
+        key = f"{part}:{'compressed' if attn.ratio else 'swa'}"
+        got = self.rope.get(key)
+        if got is None:
+            got = self.rope[key] = RopeAngles(*rope_cos_sin(rows.pos, attn.inv_freq))
+        return got
 
 
 @dataclass

@@ -41,7 +41,7 @@ def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor)
     """
     i, W = attn.layer_id, attn.cfg.sliding_window
     kv, w = _normed_input(attn.wkv, attn.kv_norm, x)
-    rope = dict(norm_weight=w, eps=attn.kv_norm.eps, pos=rows.pos, inv_freq=attn.inv_freq)
+    rope = dict(norm_weight=w, eps=attn.kv_norm.eps, angles=ctx.shared.angles(attn, rows))
     if pool.swa[i] is not None:
         part = "decoder" if i >= attn.cfg.decoder_start else "encoder"
         plan = ctx.shared.swa_window.get(part)
