@@ -1,7 +1,7 @@
 """Contract tests of the SM100 paths (kernels/indexer/sm100.py, kernels/sparse_attn/sm100.py).
 
 NOT hardware tests: no SM100 GPU ran any of this. `deep_gemm` and `flash_mla` are replaced by
-recording stand-ins (kernels/testing_sm100.py) that check every argument against the libraries'
+recording stand-ins (kernels/testing_sm100/) that check every argument against the libraries'
 documented contracts and return what the documented kernels compute, evaluated with the
 reference math through the arguments as given. The public dispatchers run with
 DSV41_KERNEL_PATH=sm100 (the SM100 path or an error). Checked here:
