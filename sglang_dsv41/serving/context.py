@@ -10,10 +10,20 @@ Every tensor lives on the pool's device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from sglang_dsv41.layers.rope import RopeAngles, rope_cos_sin
+
+if TYPE_CHECKING:
+    from sglang_dsv41.serving.stores import PoolWindow, RingPlan
+
+
+def part_of(attn) -> str:
+    """The layer's part, decoder (from cfg.decoder_start on; its rows may be a replay subset) or
+    encoder: the layers of a part see the same rows and floors within a forward."""
+    return "decoder" if attn.layer_id >= attn.cfg.decoder_start else "encoder"
 
 
 @dataclass
@@ -75,16 +85,15 @@ class ForwardShared:
     topk_slots: dict[int, torch.Tensor] = field(default_factory=dict)
     candidates: torch.Tensor | None = None
     page_table: torch.Tensor | None = None
-    swa_window: dict[str, object] = field(default_factory=dict)  # serving.stores.PoolWindow
-    ring_plan: object | None = None  # serving.stores.RingPlan of the ring layers
+    swa_window: dict[str, PoolWindow] = field(default_factory=dict)
+    ring_plan: RingPlan | None = None
     rope: dict[str, RopeAngles] = field(default_factory=dict)
 
     def angles(self, attn, rows: Rows) -> RopeAngles:
         """RoPE angles of `rows` under the layer's inv_freq, computed once per forward for each
         part (encoder / decoder rows) and kind (inv_freq depends only on whether the layer
         compresses: layers.rope.rope_inv_freq)."""
-        part = "decoder" if attn.layer_id >= attn.cfg.decoder_start else "encoder"
-        key = f"{part}:{'compressed' if attn.ratio else 'swa'}"
+        key = f"{part_of(attn)}:{'compressed' if attn.ratio else 'swa'}"
         got = self.rope.get(key)
         if got is None:
             got = self.rope[key] = RopeAngles(*rope_cos_sin(rows.pos, attn.inv_freq))

@@ -16,7 +16,7 @@ from sglang_dsv41.kernels.kv_store import store_index_k, store_latent, store_rec
 from sglang_dsv41.kernels.sparse_attn import swa_window_slots
 from sglang_dsv41.kv.records import Layout
 from sglang_dsv41.layers.window import swa_window
-from sglang_dsv41.serving.context import BatchContext, Rows
+from sglang_dsv41.serving.context import BatchContext, Rows, part_of
 
 
 def _normed_input(lin, norm, x):
@@ -43,7 +43,7 @@ def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor)
     kv, w = _normed_input(attn.wkv, attn.kv_norm, x)
     rope = dict(norm_weight=w, eps=attn.kv_norm.eps, angles=ctx.shared.angles(attn, rows))
     if pool.swa[i] is not None:
-        part = "decoder" if i >= attn.cfg.decoder_start else "encoder"
+        part = part_of(attn)
         plan = ctx.shared.swa_window.get(part)
         if plan is None:  # the same rows and floors for every SWA-pool layer of the part
             plan = ctx.shared.swa_window[part] = PoolWindow.of(rows, ctx, pool, W, floor)
