@@ -63,11 +63,24 @@ def store_records_ref(
         write_split_records(pool, slots, rec, split_page, value_bytes(layout, D))
         return
     flat = pool.view(-1, B)
-    keep = slots >= 0
     if flat.device.type == "cpu":
+        keep = slots >= 0
         flat[slots[keep].long()] = rec[keep]
         return
-    # No host sync off the CPU (a decode CUDA graph holds this): skipped rows rewrite row 0's
-    # own bytes, the padding row of every pool the serving path builds.
-    dst = torch.where(keep, slots.long(), torch.zeros_like(slots.long()))
-    flat[dst] = torch.where(keep[:, None], rec, flat[dst])
+    write_rows_no_sync(flat, slots, rec)
+
+
+def write_rows_no_sync(flat: Tensor, slots: Tensor, rec: Tensor) -> None:
+    """flat[slots[t]] = rec[t] for slots[t] >= 0, without a host sync (a decode CUDA graph holds
+    this). flat [S, B], slots [T] int (-1 = skip, distinct otherwise), rec [T, B].
+
+    A skipped row repeats the first kept row's write (same slot, same bytes), so no two writes to
+    one slot disagree; with no kept row at all, every row rewrites slot 0's own bytes.
+    """
+    keep = slots >= 0
+    rows = torch.arange(slots.shape[0], device=slots.device)
+    first = torch.argmax(keep.to(torch.int32))  # 0 when nothing is kept
+    src = torch.where(keep, rows, first)
+    any_kept = keep.any()
+    dst = torch.where(any_kept, slots[src].long(), torch.zeros_like(src))
+    flat[dst] = torch.where(any_kept, rec[src], flat[dst])

@@ -136,3 +136,30 @@ def test_triton_store_interpreted():
         [sys.executable, "-c", _INTERP], env=env, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+@pytest.mark.parametrize("case", ["slot0_kept", "some_skipped", "none_kept", "all_kept"])
+def test_sync_free_row_write_equals_masked_write(case):
+    """The CUDA branch's sync-free write equals the masked write, also when a kept row writes
+    slot 0 (skipped rows once raced it there) and when every row is skipped."""
+    from sglang_dsv41.kernels.kv_store.ref import write_rows_no_sync
+
+    g = torch.Generator().manual_seed(len(case))
+    S, T, B = 64, 40, 12
+    slots = torch.randperm(S, generator=g)[:T]
+    if case == "slot0_kept":
+        slots[5] = 0
+        slots[[1, 7, 30]] = -1
+    elif case == "some_skipped":
+        slots[::3] = -1
+    elif case == "none_kept":
+        slots[:] = -1
+    flat = torch.randint(0, 256, (S, B), generator=g, dtype=torch.uint8)
+    rec = torch.randint(0, 256, (T, B), generator=g, dtype=torch.uint8)
+    want = flat.clone()
+    keep = slots >= 0
+    want[slots[keep]] = rec[keep]
+    for _ in range(3):  # a duplicate-index race would show as a run-to-run difference
+        got = flat.clone()
+        write_rows_no_sync(got, slots, rec)
+        assert torch.equal(got, want)

@@ -173,12 +173,9 @@ class Probe:
             self.stats["swa"] += 1
         y = kp.attention_layer(attn, x, rows, ctx, pool, floor, x_all, rows_all)
         if rows.n:
-            topk = None
-            if attn.ratio:
-                topk = ctx.shared.topk[cfg.index_source_of(i)][rows.ids]
-            oa = kp.attend(attn, q, topk, rows, ctx, pa, swa_a)
+            oa = kp.attend(attn, q, rows, ctx, pa, swa_a)
             self._ref(True)
-            ob = kp.attend(attn, q, topk, rows, ctx, pb, swa_b)
+            ob = kp.attend(attn, q, rows, ctx, pb, swa_b)
             self._ref(False)
             err = float((oa - ob).norm() / ob.norm().clamp_min(1e-30))
             self.stats["attn_rel_err_max"] = max(self.stats["attn_rel_err_max"], err)

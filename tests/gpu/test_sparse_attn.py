@@ -68,7 +68,7 @@ def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0, rank=1):
 def _check(q, swa, sw, kv, tk, layout, sink, **launch):
     ref = sparse_attention_ref(q, SparseKV(swa, sw, kv, tk, layout), sink, None, torch.float32)
     bf = sparse_attention_ref(
-        q, swa, sw, kv, tk, layout, sink, None, torch.float32, compute_dtype=torch.bfloat16
+        q, SparseKV(swa, sw, kv, tk, layout), sink, None, torch.float32, torch.bfloat16
     )
     out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
     sparse_attention(q, SparseKV(swa, sw, kv, tk, layout), sink, out=out, **launch)
@@ -218,7 +218,7 @@ def test_exact_path_fp32_q(layout, H, D, T):
     ref = sparse_attention_ref(q, SparseKV(swa, sw, kv, tk, layout), sink, None, torch.float32)
     for splits in (1, 3):
         out = sparse_attention(
-            q, swa, sw, kv, tk, layout, sink, out_dtype=torch.float32, num_splits=splits
+            q, SparseKV(swa, sw, kv, tk, layout), sink, out_dtype=torch.float32, num_splits=splits
         )
         err = ((out - ref).norm() / ref.norm()).item()
         assert err < 2e-6, (err, splits)
