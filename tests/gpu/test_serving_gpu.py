@@ -152,7 +152,6 @@ class Probe:
         from sglang_dsv41.serving import attention as kp
         from sglang_dsv41.serving import stores
 
-        cfg, i = attn.cfg, attn.layer_id
         pa, pb = copy.deepcopy(pool), copy.deepcopy(pool)
         if attn.role == FULL:
             xa, ra = (x, rows) if x_all is None else (x_all, rows_all)
