@@ -10,6 +10,8 @@ DSV41_FORCE_REF=1, or for a configuration no fast path supports (logged once), t
 references (mask-and-topk).
 """
 
+import torch
+
 from sglang_dsv41.kernels import dispatch
 from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK
 from sglang_dsv41.kernels.dispatch import Path
@@ -19,6 +21,8 @@ from sglang_dsv41.kernels.indexer import ref
 def triton_unsupported(qI, kv: PagedIndexK, geo: IndexerGeometry) -> str | None:
     """None when the Triton kernels (ops.py) take this call, else the reason."""
     HI, DI = qI.shape[1], qI.shape[2]
+    if qI.dtype == torch.float64:
+        return "float64 index queries"
     if DI % 128:
         return f"index head dim {DI} is not a multiple of 128"
     if HI < 16 or HI & (HI - 1):

@@ -34,6 +34,13 @@ _FMT = {Layout.V41: 0, Layout.V41_FP4: 1, Layout.INDEX_K: 2}
 __all__ = ["store_records", "store_swa", "store_latent", "store_index_k", "rope_cos_sin"]
 
 
+def triton_unsupported(x: Tensor) -> str | None:
+    """None when the Triton store takes rows x, else the reason (float64 rows: the twin check)."""
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"rows in {x.dtype} (needs bf16, fp16 or fp32)"
+    return None
+
+
 def store_records(
     x: Tensor,
     pool: Tensor,
@@ -70,7 +77,7 @@ def store_records(
     has_rope = inv_freq is not None or cos_sin_cache is not None
     if has_rope and pos is None and angles is None:
         raise ValueError("RoPE needs pos")
-    path = dispatch.select("kv_store", x.device, {Path.TRITON: lambda: None})
+    path = dispatch.select("kv_store", x.device, {Path.TRITON: lambda: triton_unsupported(x)})
     if path is Path.REF:
         cos = sin = None
         if angles is not None:

@@ -65,11 +65,14 @@ def sparse_attention_ref(
 
     q [T, H, D] float; kv: kernels.args.SparseKV; attn_sink fp32 [H] or None; scale defaults to
     D^-0.5. compute_dtype: fp32 for the oracle, bf16 for "plain bf16 torch" (the 2x error bar);
+    fp64 queries always compute in fp64 (the twin check, tools/twin_check.py);
     records are dequantized in fp32 first (exact in bf16 too). Rows are done `chunk` at a time
     (default: as many as keep the gathered keys near 64 MiB, at least 64).
     """
     T, H, D = q.shape
     kv.check_dim(D)
+    if q.dtype == torch.float64:
+        compute_dtype = torch.float64
     scale = D**-0.5 if scale is None else scale
     sink = attn_sink if attn_sink is not None else q.new_full((H,), float("-inf"))
     out = torch.empty(T, H, D, dtype=out_dtype or q.dtype, device=q.device)

@@ -43,10 +43,16 @@ class MqaAttentionBase(nn.Module):
         self.indexer = Indexer(cfg, layer, owns_keys=self.role == FULL) if is_index else None
         self.register_buffer("inv_freq", rope_inv_freq(cfg, self.ratio), persistent=False)
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Queries, attention and its output are fp32, or fp64 in a float64 model (the twin
+        check, tools/twin_check.py); record values are fp32 before quantization either way."""
+        return torch.float64 if self.wq_b.weight.dtype == torch.float64 else torch.float32
+
     def query(self, x: torch.Tensor, pos: torch.Tensor):
-        """x [T, hidden], pos [T] -> (q fp32 [T, H, D] with RoPE, q_lora [T, q_lora])."""
+        """x [T, hidden], pos [T] -> (q [T, H, D] with RoPE, in compute_dtype; q_lora)."""
         q_lora = self.q_norm(self.wq_a(x))
-        q = self.wq_b(q_lora).float().view(-1, self.n_heads, self.head_dim)  # [T, H, D]
+        q = self.wq_b(q_lora).to(self.compute_dtype).view(-1, self.n_heads, self.head_dim)
         return apply_rope(q, pos, self.inv_freq), q_lora
 
     def swa_kv(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -60,7 +66,7 @@ class MqaAttentionBase(nn.Module):
 
     def output(self, o: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """o [T, H, D] attention output -> [T, hidden]: inverse RoPE, grouped wo_a, wo_b."""
-        o = apply_rope(o.float(), pos, self.inv_freq, inverse=True)
+        o = apply_rope(o.to(self.compute_dtype), pos, self.inv_freq, inverse=True)
         T, G, R = o.shape[0], self.o_groups, self.o_lora_rank
         og = o.reshape(T, G, -1).to(self.wo_a.weight.dtype)  # [T, G, H*D/G]
         wa = self.wo_a.weight.view(G, R, -1)  # [G, R, H*D/G]

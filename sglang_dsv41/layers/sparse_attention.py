@@ -17,10 +17,13 @@ def sparse_attention(
     top_ok: torch.Tensor,
     sink: torch.Tensor,
     scale: float,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """q [T, H, D], k_swa [T, W, D], swa_ok bool [T, W], k_top [T, TOPK, D], top_ok bool
-    [T, TOPK], sink fp32 [H] -> o [T, H, D] computed in `dtype` (fp32 for the oracle)."""
+    [T, TOPK], sink fp32 [H] -> o [T, H, D] computed in `dtype` (default: fp32, fp64 for fp64
+    queries)."""
+    if dtype is None:
+        dtype = torch.promote_types(q.dtype, torch.float32)
     kv = torch.cat((k_swa, k_top), dim=1).to(dtype)  # [T, W + TOPK, D]
     ok = torch.cat((swa_ok, top_ok), dim=1)  # [T, W + TOPK]
     logits = torch.einsum("thd,tsd->ths", q.to(dtype), kv) * scale  # [T, H, S]

@@ -75,7 +75,8 @@ class ReferenceModel(nn.Module):
         capture: dict | None = None,
         shared: SharedState | None = None,
     ) -> torch.Tensor:
-        """input_ids int64 [L] -> logits fp32 [L, vocab] (rows < replay_floor are NaN).
+        """input_ids int64 [L] -> logits fp32 [L, vocab] (rows < replay_floor are NaN; fp64 for a
+        float64 model).
 
         capture: if a dict, receives layer index -> (positions [T], residual state after it).
         shared: if given, the SharedState the layers fill (main KV, index K, top-k, candidate
@@ -111,9 +112,10 @@ class ReferenceModel(nn.Module):
             if capture is not None:
                 capture[i] = (pos, state)
         h = self.norm(self.residual.final(state))
-        logits = self.head(h).float()
+        logits = self.head(h)
+        logits = logits if logits.dtype == torch.float64 else logits.float()
         if F > 0:
-            full = torch.full((L, logits.shape[1]), float("nan"))
+            full = torch.full((L, logits.shape[1]), float("nan"), dtype=logits.dtype)
             full[F:] = logits
             logits = full
         return logits

@@ -89,7 +89,7 @@ def topk_slots(cfg, isrc: int, rows: Rows, ctx: BatchContext, pool) -> torch.Ten
 def attend(attn, q, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
     """Sparse attention of q fp32 [T, H, D] over the SWA window `swa` = write_swa's (cache,
     slots) and, for compressed layers, the top-k entries of the layer's index source in its kv
-    source, plus the sink: o fp32 [T, H, D]."""
+    source, plus the sink: o fp32 [T, H, D] (fp64 for fp64 q: the twin check)."""
     cfg, i = attn.cfg, attn.layer_id
     kv = top = None
     if attn.ratio != 0:
@@ -100,7 +100,7 @@ def attend(attn, q, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
         SparseKV(swa[0], swa[1], kv, top, cfg.main_kv_layout),
         attn.attn_sink,
         attn.scale,
-        out_dtype=torch.float32,
+        out_dtype=torch.promote_types(q.dtype, torch.float32),
     )
 
 

@@ -131,13 +131,16 @@ class ToyEngine:
         return ids, ctx, last
 
     def forward(self, ids, ctx, last):
-        """The device part of a step: the layer loop and the head of each request's last row."""
+        """The device part of a step: the layer loop and the head of each request's last row
+        (fp32 logits, fp64 for a float64 model)."""
         h = run_layers(self.model, ids, ctx, self.pool)
-        return self.model.head(h[last]).float()
+        logits = self.model.head(h[last])
+        return logits if logits.dtype == torch.float64 else logits.float()
 
 
-def serve(engine, prompts, new, chunk=None, floors=None):
-    """Greedy tokens for all prompts in one batch; prefill in chunks of `chunk` tokens."""
+def serve(engine, prompts, new, chunk=None, floors=None, logits_out=None):
+    """Greedy tokens for all prompts in one batch; prefill in chunks of `chunk` tokens.
+    logits_out: a list with one list per prompt, to receive the logits row [V] of each step."""
     outs = [[] for _ in prompts]
     todo = {r: list(p) for r, p in enumerate(prompts, start=1)}
     first = {}
@@ -152,6 +155,8 @@ def serve(engine, prompts, new, chunk=None, floors=None):
         for (r, _), row in zip(work, logits, strict=True):
             if not todo[r]:
                 first[r] = int(row.argmax())
+                if logits_out is not None:
+                    logits_out[r - 1].append(row)
                 del todo[r]
     nxt = [first[r] for r in range(1, len(prompts) + 1)]
     for _ in range(new):
@@ -161,6 +166,9 @@ def serve(engine, prompts, new, chunk=None, floors=None):
             break
         logits = engine.step([(r, [t]) for r, t in enumerate(nxt, start=1)])
         nxt = logits.argmax(-1).tolist()
+        if logits_out is not None:
+            for b, row in enumerate(logits):
+                logits_out[b].append(row)
     return outs
 
 

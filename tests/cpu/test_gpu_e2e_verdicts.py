@@ -1,0 +1,45 @@
+"""The GPU end-to-end client's verdicts (scripts/gpu_e2e/verdicts.py): equal, near-tie, past the
+rounding horizon (where the fp32 and fp64 oracles already disagree), or differs."""
+
+import importlib.util
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("verdicts", ROOT / "scripts/gpu_e2e/verdicts.py")
+v = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(v)
+
+
+def steps(tokens, margin=1.0, logprob=-1.0):
+    return [{"token": t, "logprob": logprob, "margin": margin} for t in tokens]
+
+
+def test_equal_near_tie_and_differs():
+    ref = steps([1, 2, 3, 4])
+    assert v.judge([1, 2, 3, 4], ref) == ("equal", None, None)
+    tie = steps([1, 2, 3, 4], margin=0.01)
+    assert v.judge([1, 2, 9, 9], tie)[0] == "near_tie"
+    assert v.judge([1, 2, 9, 9], ref) == ("differs", 2, 1.0)
+    assert v.judge([1, 2], ref)[0] == "differs"  # a short answer is never equal
+
+
+def test_rounding_horizon():
+    ref = steps([1, 2, 3, 4])
+    ref64 = steps([1, 2, 7, 8])  # the oracles part at step 2
+    assert v.horizon(ref, ref64) == 2
+    assert v.horizon(ref, None) == 4
+    assert v.judge([1, 2, 5, 5], ref, ref64)[0] == "rounding"  # at the horizon
+    assert v.judge([1, 5, 5, 5], ref, ref64)[0] == "differs"  # before it
+    assert v.judge([1, 2, 7, 8], ref, ref64)[0] == "rounding"  # the fp64 oracle's answer
+    assert v.judge([1, 5, 7, 8], ref, ref64, follows64=False)[0] == "differs"
+    drift = steps([1, 2, 3, 4])
+    drift[1]["logprob"] = -1.5  # same tokens, logprobs apart from step 1
+    assert v.horizon(ref, drift) == 1
+
+
+def test_logprob_error_reads_the_oracle_tokens():
+    ref = steps([1, 2])
+    served = [[[-1.001, 1, None], [-3.0, 2, None]], [[-0.999, 2, None]]]
+    assert abs(v.logprob_error(served, ref, 2) - 0.001) < 1e-12
+    assert v.logprob_error(served, ref, 0) == 0.0
+    assert v.logprob_error([[[-1.0, 5, None]]], ref, 1) == float("inf")
