@@ -6,7 +6,10 @@ For each prompt (fixed pseudo-random token ids, lengths 1..400: one chunk or sev
 the tiny model's window of 16, its top-k of 8 entries and its candidate pool of 48 positions)
 and each replay mode, the oracle's greedy tokens by full recomputation and, at every step, the
 logprob of its token and its margin (top-1 minus top-2 logit), so the device can tell a real
-disagreement from a near-tie. The checkpoint's sha256 lets the device check it rebuilt the same
+disagreement from a near-tie. The same for the oracle in float64 (keys "replay64", "full64"):
+where the fp32 and fp64 oracles already disagree, fp32 rounding decides the answer (the client's
+rounding horizon), and the device's twin check (tools/twin_check.py) holds the serving path in
+float64 to these answers. The checkpoint's sha256 lets the device check it rebuilt the same
 weights.
 """
 
@@ -19,6 +22,7 @@ import random
 import torch
 
 from sglang_dsv41.reference import load_reference
+from sglang_dsv41.tools.twin_check import oracle_steps
 
 LENGTHS = [
     1,
@@ -48,25 +52,6 @@ LENGTHS = [
 ]
 
 
-@torch.no_grad()
-def greedy(model, prompt, new, replay):
-    ids, steps = list(prompt), []
-    floor = model.replay_floor_for(len(prompt), replay)
-    for _ in range(new):
-        logits = model(torch.tensor(ids), replay_floor=floor)[-1].double()
-        top2 = torch.topk(logits, 2)
-        tok = int(top2.indices[0])
-        steps.append(
-            {
-                "token": tok,
-                "logprob": float(torch.log_softmax(logits, -1)[tok]),
-                "margin": float(top2.values[0] - top2.values[1]),
-            }
-        )
-        ids.append(tok)
-    return steps
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("checkpoint")
@@ -74,13 +59,15 @@ def main():
     ap.add_argument("--new", type=int, default=16)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    model = load_reference(a.checkpoint)
+    models = {"": load_reference(a.checkpoint), "64": load_reference(a.checkpoint, torch.float64)}
     rng = random.Random(1234)
-    prompts = [[rng.randrange(2, model.cfg.vocab_size) for _ in range(n)] for n in LENGTHS]
-    out = {"new": a.new, "prompts": prompts, "replay": [], "full": []}
+    V = models[""].cfg.vocab_size
+    prompts = [[rng.randrange(2, V) for _ in range(n)] for n in LENGTHS]
+    out = {"new": a.new, "prompts": prompts}
     for p in prompts:
-        for mode, replay in (("replay", True), ("full", False)):
-            out[mode].append(greedy(model, p, a.new, replay))
+        for suffix, model in models.items():
+            for mode, replay in (("replay", True), ("full", False)):
+                out.setdefault(mode + suffix, []).append(oracle_steps(model, p, a.new, replay))
         print(f"len {len(p):4d} done", flush=True)
     with open(os.path.join(a.checkpoint, "model.safetensors"), "rb") as f:
         out["checkpoint_sha256"] = hashlib.sha256(f.read()).hexdigest()

@@ -3,7 +3,9 @@
 # `python -m sglang.launch_server`, held to the CPU oracle by client.py. Prepare first, here:
 # bash scripts/gpu_e2e/prepare.sh. Then through the device tool, from the repository root:
 #   run(command="bash scripts/gpu_e2e/run_on_device.sh [MODE ...]", carry=[".gpu_e2e/carry"])
-# MODE (default: triton ref full):
+# MODE (default: twin triton ref full):
+#   twin    no server: the serving path (toy scheduler, torch references) in float64 on the GPU
+#           against the fp64 oracle's answers (tools/twin_check.py, chunks of 64, 8 in flight)
 #   triton  SGLang's defaults (decode CUDA graphs on), the plugin's Triton kernels, replay on
 #   ref     DSV41_FORCE_REF=1 (the kernels' torch references on CUDA), graphs on, replay on
 #   full    --no-enable-decoder-swa-bounded-replay (the exact full forward), Triton
@@ -24,7 +26,7 @@ PY=${PY:-python3}
 T0=$(date +%s)
 LIMIT=${LIMIT_S:-560}
 MODES=("$@")
-[ ${#MODES[@]} -eq 0 ] && MODES=(triton ref full)
+[ ${#MODES[@]} -eq 0 ] && MODES=(twin triton ref full)
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 export PYTHONUNBUFFERED=1
 
@@ -70,8 +72,16 @@ run_mode() {  # NAME REPLAY PORT ENV -- FLAGS
   kill -KILL -- -"$pid" 2>/dev/null
 }
 
+run_twin() {
+  say "twin: start"
+  timeout $(( LIMIT - ($(date +%s) - T0) - 30 )) "$PY" -m sglang_dsv41.tools.twin_check "$TINY" \
+    --answers "$REF" --device cuda --json "$OUT/twin.json" > "$OUT/twin.txt" 2>&1
+  grep -E "^twin|VERDICT|len " "$OUT/twin.txt" | head -n 20 | tee -a "$OUT/summary.txt"
+}
+
 for m in "${MODES[@]}"; do
   case $m in
+    twin)   run_twin ;;
     triton) run_mode triton replay 30001 X=1 -- ;;
     ref)    run_mode ref replay 30002 DSV41_FORCE_REF=1 -- ;;
     full)   run_mode full full 30003 X=1 -- --no-enable-decoder-swa-bounded-replay ;;

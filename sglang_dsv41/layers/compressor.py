@@ -11,6 +11,7 @@ latent also feeds the index-K projection (Indexer.keys).
 import torch
 from torch import nn
 
+from sglang_dsv41.layers.dtypes import upcast
 from sglang_dsv41.layers.linear import Linear
 from sglang_dsv41.layers.norm import RMSNorm
 
@@ -26,8 +27,8 @@ class Compressor(nn.Module):
 
     def project(self, x: torch.Tensor):
         """x [T, hidden] -> (c [T, D] fp32, z [T, D] fp32 or None for ratio 1)."""
-        c = self.wkv(x).float()
-        z = self.wgate(x).float() if self.wgate is not None else None
+        c = upcast(self.wkv(x))
+        z = upcast(self.wgate(x)) if self.wgate is not None else None
         return c, z
 
     def pool(self, c: torch.Tensor, z) -> torch.Tensor:
@@ -35,7 +36,7 @@ class Compressor(nn.Module):
         if z is None:
             pooled = c[:, 0]
         else:
-            pooled = (torch.softmax(z.float(), dim=1) * c.float()).sum(1)  # [n, D]
+            pooled = (torch.softmax(upcast(z), dim=1) * upcast(c)).sum(1)  # [n, D]
         return self.norm(pooled)
 
     def latents(self, x: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from sglang_dsv41.layers.dtypes import upcast
 from sglang_dsv41.layers.linear import stable_linear
 
 HASH_SEED = 10007
@@ -261,11 +262,11 @@ def engram_gate(H: Tensor, kv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: 
     """H [T, S, d]; kv [T, (S+1) d] (S keys, then the value); q_weight, k_weight [S, d].
     Returns fp32 [T, S, d] = H + g * value with the per-stream gate g [T, S]."""
     T, S, d = H.shape
-    key = kv[:, : S * d].float().view(T, S, d)
-    value = kv[:, S * d :].float()  # [T, d]
-    h = H.float()
+    key = upcast(kv[:, : S * d]).view(T, S, d)
+    value = upcast(kv[:, S * d :])  # [T, d]
+    h = upcast(H)
     rstd = torch.rsqrt(h.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
-    dot = (h * (q_weight.float() * k_weight.float()) * key).sum(-1) * rstd * d**-0.5  # [T, S]
+    dot = (h * (upcast(q_weight) * upcast(k_weight)) * key).sum(-1) * rstd * d**-0.5  # [T, S]
     g = torch.sigmoid(torch.copysign(dot.abs().clamp(min=GATE_CLAMP).sqrt(), dot))
     return h + g.unsqueeze(-1) * value.unsqueeze(1)
 
@@ -288,6 +289,6 @@ class Engram(nn.Module):
         self.k_weight = nn.Parameter(torch.ones(S, d))
 
     def forward(self, H: Tensor, rows: Tensor) -> Tensor:
-        e = self.embed.weight[rows].float().flatten(1)  # [T, cols * head_dim]
-        kv = stable_linear(e, self.wkv.weight.float())  # [T, (S+1) d]
+        e = upcast(self.embed.weight[rows]).flatten(1)  # [T, cols * head_dim]
+        kv = stable_linear(e, upcast(self.wkv.weight))  # [T, (S+1) d]
         return engram_gate(H, kv, self.q_weight, self.k_weight, self.eps)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_dsv41.layers.dtypes import compute_dtype, upcast
 from sglang_dsv41.layers.linear import Linear, stable_linear
 
 
@@ -54,8 +55,8 @@ class Gate(nn.Module):
 
     def forward(self, x: torch.Tensor):
         """x [T, hidden] -> (weights fp32 [T, k], expert ids int64 [T, k])."""
-        s = router_scores(stable_linear(x.float(), self.weight.float()), self.func)  # [T, E]
-        idx = torch.topk(s + self.bias.float(), self.topk, dim=-1).indices  # [T, k]
+        s = router_scores(stable_linear(upcast(x), upcast(self.weight)), self.func)  # [T, E]
+        idx = torch.topk(s + upcast(self.bias), self.topk, dim=-1).indices  # [T, k]
         w = s.gather(1, idx)
         if self.norm:
             w = w / w.sum(-1, keepdim=True)
@@ -83,17 +84,17 @@ class MoE(nn.Module):
         the unselected ones weighted zero: no host sync, so a CUDA graph can hold it (the served
         CUDA model uses SGLang's fused MoE; this is the test models' path)."""
         w, idx = self.gate(x)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        out = torch.zeros(x.shape, dtype=compute_dtype(x), device=x.device)
         if x.device.type != "cpu":
             for e, expert in enumerate(self.experts):
                 we = (w * (idx == e)).sum(-1, keepdim=True)  # [T, 1], 0 where not selected
-                out += expert(x).float() * we
+                out += upcast(expert(x)) * we
         for e in torch.unique(idx).tolist() if x.device.type == "cpu" else []:
             tok, slot = torch.nonzero(idx == e, as_tuple=True)
-            y = self.experts[e](x[tok]).float() * w[tok, slot, None]
+            y = upcast(self.experts[e](x[tok])) * w[tok, slot, None]
             out.index_add_(0, tok, y)
         if self.shared_experts is not None:
-            out += self.shared_experts(x).float()
+            out += upcast(self.shared_experts(x))
         return out.to(x.dtype)
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from sglang_dsv41.layers.dtypes import upcast
 from sglang_dsv41.layers.linear import stable_linear
 
 
@@ -46,7 +47,7 @@ def sinkhorn(logits: Tensor, iters: int, eps: float) -> Tensor:
     logits: fp32 [T, S, S] (row j = source stream, column i = target stream).
     Returns fp32 [T, S, S], approximately doubly stochastic (rows and columns sum to ~1).
     """
-    c = torch.softmax(logits.float(), dim=-1) + eps
+    c = torch.softmax(upcast(logits), dim=-1) + eps
     c = c / (c.sum(dim=-2, keepdim=True) + eps)
     for _ in range(iters - 1):
         c = c / (c.sum(dim=-1, keepdim=True) + eps)
@@ -70,10 +71,10 @@ def hc_mix(
     [(2+S)*S], scale fp32 [3]. Returns pre fp32 [T, S], post fp32 [T, S], C fp32 [T, S, S].
     """
     T, S, d = H.shape
-    x = H.reshape(T, S * d).float()  # [T, S*d]
+    x = upcast(H.reshape(T, S * d))  # [T, S*d]
     rstd = torch.rsqrt(x.square().mean(-1, keepdim=True) + rms_eps)  # [T, 1]
-    m = stable_linear(x, fn.float()) * rstd  # [T, (2+S)*S]
-    b, s = base.float(), scale.float()
+    m = stable_linear(x, upcast(fn)) * rstd  # [T, (2+S)*S]
+    b, s = upcast(base), upcast(scale)
     pre = torch.sigmoid(m[:, :S] * s[0] + b[:S]) + hc_eps
     post = 2.0 * torch.sigmoid(m[:, S : 2 * S] * s[1] + b[S : 2 * S])
     logits = (m[:, 2 * S :] * s[2] + b[2 * S :]).view(T, S, S)  # [T, S, S]
@@ -89,8 +90,8 @@ def hc_collapse(H: Tensor, pre: Tensor | None) -> Tensor:
     """Step 2 before the norm: sum_j pre[j] H_j. H [T, S, d]; pre fp32 [T, S] or None (= stream
     0 alone, the first sublayer's [1, 0, ..., 0]). Returns fp32 [T, d]."""
     if pre is None:
-        return H[:, 0].float()
-    return (pre.unsqueeze(-1) * H.float()).sum(dim=1)
+        return upcast(H[:, 0])
+    return (pre.unsqueeze(-1) * upcast(H)).sum(dim=1)
 
 
 def hc_post(y: Tensor, H: Tensor, post: Tensor, comb: Tensor) -> Tensor:
@@ -98,8 +99,8 @@ def hc_post(y: Tensor, H: Tensor, post: Tensor, comb: Tensor) -> Tensor:
 
     y [T, d], H [T, S, d], post [T, S], comb [T, S, S]. Returns fp32 [T, S, d].
     """
-    mixed = torch.einsum("tji,tjd->tid", comb.float(), H.float())  # [T, S, d]
-    return post.unsqueeze(-1) * y.float().unsqueeze(1) + mixed
+    mixed = torch.einsum("tji,tjd->tid", upcast(comb), upcast(H))  # [T, S, d]
+    return post.unsqueeze(-1) * upcast(y).unsqueeze(1) + mixed
 
 
 def add_hc_params(module: nn.Module, name: str, hc_mult: int, hidden: int) -> None:

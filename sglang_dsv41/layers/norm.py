@@ -1,14 +1,16 @@
-"""RMSNorm with fp32 statistics."""
+"""RMSNorm with fp32 statistics (float64 in a float64 model: layers/dtypes.py)."""
 
 import torch
 from torch import nn
 
+from sglang_dsv41.layers.dtypes import upcast
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., C] any float dtype, weight [C] -> [..., C] in x's dtype; statistics in fp32."""
-    xf = x.float()
+    xf = upcast(x)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * weight.float()).to(x.dtype)
+    return (y * upcast(weight)).to(x.dtype)
 
 
 class RMSNorm(nn.Module):

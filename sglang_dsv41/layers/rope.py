@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import torch
 
+from sglang_dsv41.layers.dtypes import upcast
+
 
 def _correction_dim(n_rot: float, dim: int, base: float, max_pos: int) -> float:
     return dim * math.log(max_pos / (n_rot * 2 * math.pi)) / (2 * math.log(base))
@@ -95,10 +97,10 @@ def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor):
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The rotation itself: the last R = 2 * cos.shape[-1] dims of x, pairs (x[2i], x[2i+1])
-    turned by (cos[i], sin[i]) in fp32, returned in x's dtype. cos / sin fp32 broadcast against
-    x[..., :R/2] (e.g. [T, 1, R/2] for x [T, H, C])."""
+    turned by (cos[i], sin[i]) in fp32 (float64 for float64 x), returned in x's dtype. cos / sin
+    fp32 broadcast against x[..., :R/2] (e.g. [T, 1, R/2] for x [T, H, C])."""
     R = 2 * cos.shape[-1]
-    head, tail = x[..., :-R], x[..., -R:].float()
+    head, tail = x[..., :-R], upcast(x[..., -R:])
     a, b = tail[..., 0::2], tail[..., 1::2]
     rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
     return torch.cat((head, rot.to(x.dtype)), dim=-1)

@@ -7,6 +7,7 @@
     main[src]      uint8 [(S + P) / r, 288 | 528]  kv sources only (V41_FP4, or V41 on request)
     index_k[src]   uint8 [(S + P) / r, 68]         kv sources only
     pending[src]   fp32 [R + 1, 2, D]      ratio-2 sources: (c, z) of a request's unpaired token
+                                           (`dtype`: float64 for the twin check)
     floor          int64 [R + 1]           decoder replay floor of the request in each slot
     engram_tail    int64 [R + 1, n - 1]    Engram: the n - 1 token ids before the request's next
                                            position (Engram models only)
@@ -47,6 +48,7 @@ class RecordBuffers:
         page_size: int,
         max_requests: int,
         device="cpu",
+        dtype: torch.dtype = torch.float32,
     ):
         g = PoolGeometry(cfg, replay)
         if page_size % 2 and any(cfg.ratio(s) == 2 for s in g.kv_sources):
@@ -72,9 +74,7 @@ class RecordBuffers:
             self.main[s] = torch.zeros(n, g.main_record, **z)
             self.index_k[s] = torch.zeros(n, g.index_record, **z)
             if cfg.ratio(s) == 2:
-                self.pending[s] = torch.zeros(
-                    R, 2, cfg.head_dim, dtype=torch.float32, device=device
-                )
+                self.pending[s] = torch.zeros(R, 2, cfg.head_dim, dtype=dtype, device=device)
         self.floor = torch.zeros(R, dtype=torch.int64, device=device)
         self.engram_tail = torch.full(
             (R, g.engram_tail_len()), -1, dtype=torch.int64, device=device

@@ -27,7 +27,10 @@ class ToyEngine:
     ):
         self.model, self.cfg, self.dev = model, model.cfg, torch.device(device)
         slots = n_pages * PAGE
-        self.pool = RecordBuffers(self.cfg, replay, slots, slots, PAGE, max_requests, device)
+        dtype = torch.float64 if model.embed.weight.dtype == torch.float64 else torch.float32
+        self.pool = RecordBuffers(
+            self.cfg, replay, slots, slots, PAGE, max_requests, device, dtype=dtype
+        )
         g = torch.Generator().manual_seed(seed)
         self.free = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()  # page 0 = padding
         self.swa_free = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()
