@@ -76,7 +76,7 @@ run_twin() {
   say "twin: start"
   timeout $(( LIMIT - ($(date +%s) - T0) - 30 )) "$PY" -m sglang_dsv41.tools.twin_check "$TINY" \
     --answers "$REF" --device cuda --json "$OUT/twin.json" > "$OUT/twin.txt" 2>&1
-  grep -E "^twin|VERDICT|len " "$OUT/twin.txt" | head -n 20 | tee -a "$OUT/summary.txt"
+  grep -E "^twin|VERDICT|len |Error" "$OUT/twin.txt" | head -n 20 | tee -a "$OUT/summary.txt"
 }
 
 for m in "${MODES[@]}"; do

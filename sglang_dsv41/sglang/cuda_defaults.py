@@ -6,8 +6,11 @@
     fp8_gemm_runner_backend  flashinfer_cutedsl on SM100 (the 32x32 UE8M0 blocks served as
                              MXFP8, as SGLang does for its own V4.1); SGLang's default (DeepGEMM
                              block-32, its Triton fallback) elsewhere
-    prefill / decode CUDA graphs   off (the in-tree layer loop with the dsv41 backend is not
-                             verified under graph capture)
+    CUDA graphs              required off, and said so: the in-tree layer loop with the dsv41
+                             backend is not verified under graph capture, and SGLang 0.5.23 lets
+                             no model declaration turn graphs off (`disable_*cuda_graph` are not
+                             model-overridable fields), so a launch without --disable-cuda-graph
+                             fails at argument resolution naming the flag
 On SM90 the FP4 runner (flashinfer CUTLASS, W4A16) needs the hidden size and the per-rank expert
 width (moe_intermediate_size * ep_size / tp_size) to be multiples of 128; V4.1-Flash's 2304 at
 --tp 8 gives 288, so the error says to shard the experts by expert parallelism (--ep-size 8).
@@ -44,8 +47,14 @@ def cuda_server_defaults(server_args, hf_config) -> dict:
     cfg = resolving_view(server_args)
     if cfg.device != "cuda" or not is_release_format(hf_config.dsv41()):
         return {}
+    if not cfg.disable_cuda_graph:
+        raise ValueError(
+            "--disable-cuda-graph: the released V4.1 format on CUDA runs SGLang's in-tree model "
+            "with the dsv41 attention backend, which is not verified under CUDA-graph capture "
+            "in this version; start the server with --disable-cuda-graph"
+        )
     platform = get_platform()
-    out = {"disable_prefill_cuda_graph": True, "disable_decode_cuda_graph": True}
+    out = {}
     hopper_or_blackwell = platform.is_sm90 or platform.is_sm100 or platform.is_sm120
     if (
         cfg.moe_runner_backend == "auto"

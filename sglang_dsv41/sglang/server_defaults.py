@@ -7,12 +7,16 @@ provider), so that `--model-path DIR --device cpu` needs no other flag.
                         match the reference)
     page size           2 when odd: a ratio-2 entry's two tokens share a page, so radix hits
                         end on entry boundaries and the entry's row is slot // 2
-    CUDA + released format   cuda_defaults.py (MoE runner, FP8 GEMM backend, CUDA graphs off)
+    CUDA + released format   cuda_defaults.py (MoE runner, FP8 GEMM backend; requires
+                        --disable-cuda-graph)
     CUDA, this package's torch model
-                        prefill CUDA graphs off (prefill metadata checks positions and replay
-                        floors on the host); decode graphs stay on (the backend captures them).
-                        Overlap scheduling off: with it on, two identical greedy requests gave
-                        different tokens on the H200, with it off they did not (cause not found)
+                        overlap scheduling off: with it on, two identical greedy requests gave
+                        different tokens on the H200, with it off they did not (cause not
+                        found). Decode CUDA graphs stay on (the backend captures them); SGLang
+                        itself runs prefill eager for this model class (it has no `.model`), as
+                        the startup log says.
+Only fields SGLang lets a model declare are set (`resolvable_fields(ServerArgs)`; checked in
+tests/cpu/test_intree_api.py): graph switches are not among them.
 """
 
 from __future__ import annotations
@@ -44,11 +48,7 @@ def server_defaults(server_args, hf_config) -> dict:
         out["page_size"] = 2
     cuda = cuda_server_defaults(server_args, hf_config)
     if cfg.device == "cuda" and not cuda:
-        out["disable_prefill_cuda_graph"] = True
         out["disable_overlap_schedule"] = True
-        logger.info(
-            "sglang_dsv41: on CUDA prefill runs eager (decode CUDA graphs on) and overlap "
-            "scheduling is off"
-        )
+        logger.info("sglang_dsv41: on CUDA overlap scheduling is off (decode CUDA graphs on)")
     out.update(cuda)
     return out

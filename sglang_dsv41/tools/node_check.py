@@ -89,7 +89,7 @@ def serve(ckpt: str, tp: int, ps: list, new: int, log: Path, extra: list, timeou
     and whether the log shows the in-tree CUDA model."""
     port = _free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", ckpt, "--tp", str(tp)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), *extra]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--disable-cuda-graph", *extra]
     print("+", " ".join(shlex.quote(c) for c in cmd), flush=True)
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)

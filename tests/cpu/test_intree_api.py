@@ -281,6 +281,7 @@ def _defaults(monkeypatch, sm: int, flashinfer: bool, **args):
     view = (
         dict(device="cuda", moe_runner_backend="auto", moe_a2a_backend="none")
         | {"fp8_gemm_runner_backend": "auto", "tp_size": 1, "ep_size": 1}
+        | {"disable_cuda_graph": True}
         | args
     )
     plat = SimpleNamespace(is_sm90=sm == 90, is_sm100=sm == 100, is_sm120=sm == 120, is_hip=False)
@@ -291,9 +292,12 @@ def _defaults(monkeypatch, sm: int, flashinfer: bool, **args):
 
 
 def test_cuda_defaults(monkeypatch):
+    from sglang.srt.arg_groups.arg_utils import resolvable_fields
+    from sglang.srt.server_args import ServerArgs
+
     from sglang_dsv41.tools.node_check import NODE_WIDTHS
 
-    off = {"disable_prefill_cuda_graph": True, "disable_decode_cuda_graph": True}
+    off = {}
     h = _defaults(monkeypatch, 90, True, widths=dict(NODE_WIDTHS))
     assert h == off | {"moe_runner_backend": "flashinfer_mxfp4"}
     b = _defaults(monkeypatch, 100, True)
@@ -307,6 +311,32 @@ def test_cuda_defaults(monkeypatch):
     assert _defaults(monkeypatch, 90, True, device="cpu") == {}
     with pytest.raises(ValueError, match="flashinfer_mxfp4"):
         _defaults(monkeypatch, 90, False)
+    with pytest.raises(ValueError, match="--disable-cuda-graph"):
+        _defaults(monkeypatch, 90, True, disable_cuda_graph=False)
+    # SGLang rejects a declaration of any field it does not let a model override (a server on
+    # the H200 once failed to start on disable_prefill_cuda_graph)
+    assert set(h) | set(b) <= resolvable_fields(ServerArgs)
+
+
+def test_torch_model_defaults_on_cuda_are_model_overridable(monkeypatch):
+    import sglang.srt.arg_groups.model_override_base as mob
+    from sglang.srt.arg_groups.arg_utils import resolvable_fields
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_dsv41.sglang import server_defaults as sd
+
+    view = SimpleNamespace(device="cuda", page_size=1)
+    monkeypatch.setattr(mob, "resolving_view", lambda s: view)
+    monkeypatch.setattr(sd, "cuda_server_defaults", lambda s, h: {})
+    args = SimpleNamespace(
+        attention_backend=None,
+        prefill_attention_backend=None,
+        decode_attention_backend=None,
+        dtype="auto",
+    )
+    out = sd.server_defaults(args, _hf(False))
+    assert out["disable_overlap_schedule"] is True and out["page_size"] == 2
+    assert set(out) <= resolvable_fields(ServerArgs)
 
 
 def test_sm90_expert_width_names_ep_size(monkeypatch):
