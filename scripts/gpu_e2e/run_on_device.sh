@@ -21,7 +21,7 @@ OUT=${OUT:-/tmp/gpu_e2e_out}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
-HERE=scripts/gpu_e2e
+HERE=$ROOT/scripts/gpu_e2e
 PY=${PY:-python3}
 T0=$(date +%s)
 LIMIT=${LIMIT_S:-560}
@@ -35,17 +35,20 @@ rm -rf "$SITE" && mkdir -p "$SITE"
 for a in .gpu_e2e/carry/site-sglang.tar.xz .gpu_e2e/carry/site-deps.tar.xz; do
   tar -C "$SITE" -xJf "$a" || { say "unpacking $a failed"; exit 1; }
 done
-export PYTHONPATH=$SITE:$ROOT/$HERE/stubs
+export PYTHONPATH=$SITE:$HERE/stubs
 export STUB_CALL_LOG=$OUT/stub_calls.txt SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 : > "$STUB_CALL_LOG"
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
 torch.cuda.get_device_name(0))" 2>&1 | tee -a "$OUT/summary.txt"
 
+# Everything below runs from $OUT: from the checkout's root, `python -m` would import the source
+# tree (whose kernels/ sit beside the package) instead of the installed wheel users run.
+cd "$OUT"
 TINY=/tmp/gpu_e2e_tiny
 "$PY" -m sglang_dsv41.tools.make_checkpoint --preset tiny --force --out "$TINY" >/dev/null 2>&1 ||
   { say "make_checkpoint failed"; exit 1; }
-REF=.gpu_e2e/carry/reference.json
+REF=$ROOT/.gpu_e2e/carry/reference.json
 want=$("$PY" -c "import json; print(json.load(open('$REF'))['checkpoint_sha256'])")
 [ "$want" = "$(sha256sum "$TINY/model.safetensors" | cut -d' ' -f1)" ] ||
   say "WARNING: the rebuilt checkpoint differs from the reference's"
