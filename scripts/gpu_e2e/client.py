@@ -38,10 +38,17 @@ ap.add_argument("out")
 ap.add_argument("--mode", choices=["replay", "full"], required=True)
 ap.add_argument("--pid", type=int, default=0)
 ap.add_argument("--start-timeout", type=float, default=240)
+ap.add_argument("--variants", nargs="*", default=[], help="JSON files of other oracles' steps")
 a = ap.parse_args()
 ref = json.load(open(a.reference))
 steps_of = ref[a.mode]
-steps64_of = ref.get(a.mode + "64") or [None] * len(steps_of)
+# other oracles of the same prompts: fp64 on the CPU (the reference file), fp32 on this GPU
+variants_of = [[v] for v in ref.get(a.mode + "64") or [None] * len(steps_of)]
+for path in a.variants:
+    with open(path) as f:
+        for row, v in zip(variants_of, json.load(f)[a.mode], strict=True):
+            row.append(v)
+variants_of = [[v for v in row if v is not None] for row in variants_of]
 result = {"mode": a.mode, "checks": {}, "prompts": []}
 
 
@@ -124,11 +131,11 @@ counts = {"equal": 0, "near_tie": 0, "rounding": 0, "differs": 0}
 worst_lp, failures = 0.0, []
 
 # 1. one at a time, with logprobs of the oracles' tokens, then plain
-for i, (prompt, steps, steps64) in enumerate(
-    zip(ref["prompts"], steps_of, steps64_of, strict=True)
+for i, (prompt, steps, variants) in enumerate(
+    zip(ref["prompts"], steps_of, variants_of, strict=True)
 ):
     want = [s["token"] for s in steps]
-    asked = set(want) | {s["token"] for s in steps64 or []}
+    asked = set(want) | {s["token"] for v in variants for s in v}
     try:
         lp = generate(prompt, len(want), token_ids=sorted(asked))
         plain = generate(prompt, len(want))
@@ -137,16 +144,16 @@ for i, (prompt, steps, steps64) in enumerate(
         continue
     got = plain["output_ids"]
     served = lp["meta_info"].get("output_token_ids_logprobs") or []
-    follows64 = (
-        steps64 is not None
-        and got == [s["token"] for s in steps64]
-        and logprob_error(served, steps64, len(steps64)) <= LOGPROB_TOL
-    )
-    verdict, k, margin = judge(got, steps, steps64, follows64)
-    h = horizon(steps, steps64)
+    followed = [
+        v
+        for v in variants
+        if got == [s["token"] for s in v] and logprob_error(served, v, len(v)) <= LOGPROB_TOL
+    ]
+    verdict, k, margin = judge(got, steps, variants, bool(followed))
+    h = horizon(steps, variants)
     err = logprob_error(served, steps, min(len(want) if k is None else k, h))
-    if follows64 and err > LOGPROB_TOL:
-        verdict, err = "rounding", logprob_error(served, steps64, len(steps64))
+    if followed and err > LOGPROB_TOL:
+        verdict, err = "rounding", logprob_error(served, followed[0], len(followed[0]))
     counts[verdict] += 1
     worst_lp = max(worst_lp, err)
     same = lp["output_ids"] == got
@@ -182,7 +189,7 @@ with cf.ThreadPoolExecutor(16) as ex:
 conc = {"equal": 0, "near_tie": 0, "rounding": 0, "differs": 0}
 for i, f in futs.items():
     try:
-        v, k, m = judge(f.result()["output_ids"], steps_of[i], steps64_of[i])
+        v, k, m = judge(f.result()["output_ids"], steps_of[i], variants_of[i])
     except Exception as e:
         failures.append(f"in flight {i}: {e!r}"[:300])
         continue

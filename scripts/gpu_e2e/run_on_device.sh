@@ -5,7 +5,9 @@
 #   run(command="bash scripts/gpu_e2e/run_on_device.sh [MODE ...]", carry=[".gpu_e2e/carry"])
 # MODE (default: twin triton ref full):
 #   twin    no server: the serving path (toy scheduler, torch references) in float64 on the GPU
-#           against the fp64 oracle's answers (tools/twin_check.py, chunks of 64, 8 in flight)
+#           against the fp64 oracle's answers (tools/twin_check.py, chunks of 64, 8 in flight);
+#           then the fp32 oracle on the GPU, whose answers the later modes' client takes as a
+#           variant for the rounding horizon (run twin first)
 #   triton  SGLang's defaults (decode CUDA graphs on), the plugin's Triton kernels, replay on
 #   ref     DSV41_FORCE_REF=1 (the kernels' torch references on CUDA), graphs on, replay on
 #   full    --no-enable-decoder-swa-bounded-replay (the exact full forward), Triton
@@ -64,8 +66,11 @@ run_mode() {  # NAME REPLAY PORT ENV -- FLAGS
     --mem-fraction-static 0.05 "$@" \
     > "$OUT/$name.log" 2>&1 &
   local pid=$!
+  local variants=()
+  [ -s "$OUT/oracle32_cuda.json" ] && variants=(--variants "$OUT/oracle32_cuda.json")
   timeout $(( left - 20 )) "$PY" "$HERE/client.py" "http://127.0.0.1:$port" "$REF" \
-    "$OUT/$name.json" --mode "$replay" --pid "$pid" --start-timeout $(( left - 80 )) 2>&1 |
+    "$OUT/$name.json" --mode "$replay" --pid "$pid" --start-timeout $(( left - 80 )) \
+    "${variants[@]}" 2>&1 |
     tee -a "$OUT/$name.client.txt" | grep -E "VERDICT|FAIL|server_info" | tee -a "$OUT/summary.txt"
   grep -E "Traceback|Error|CUDA graph|dsv41 KV pool|dsv41 pool sizing" "$OUT/$name.log" |
     grep -v "Ignore import error" | head -n 8 | cut -c1-300 | sed "s/^/  $name.log: /" |
@@ -78,7 +83,8 @@ run_mode() {  # NAME REPLAY PORT ENV -- FLAGS
 run_twin() {
   say "twin: start"
   timeout $(( LIMIT - ($(date +%s) - T0) - 30 )) "$PY" -m sglang_dsv41.tools.twin_check "$TINY" \
-    --answers "$REF" --device cuda --json "$OUT/twin.json" > "$OUT/twin.txt" 2>&1
+    --answers "$REF" --device cuda --json "$OUT/twin.json" \
+    --oracle32-json "$OUT/oracle32_cuda.json" > "$OUT/twin.txt" 2>&1
   grep -E "^twin|VERDICT|len |Error" "$OUT/twin.txt" | head -n 20 | tee -a "$OUT/summary.txt"
 }
 

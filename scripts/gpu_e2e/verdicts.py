@@ -1,8 +1,8 @@
 """How client.py judges one served answer against the oracles (stdlib only; docs/gpu_e2e.md).
 
-steps: the fp32 CPU oracle's greedy steps [{token, logprob, margin}]; steps64: the fp64 oracle's
-(None where the reference has none); got: the served tokens; served: SGLang's
-output_token_ids_logprobs rows ([[logprob, token_id, ...], ...] per step).
+steps: the fp32 CPU oracle's greedy steps [{token, logprob, margin}]; variants: the same from
+other correct arithmetics (the fp64 oracle, the fp32 oracle on the GPU); got: the served tokens;
+served: SGLang's output_token_ids_logprobs rows ([[logprob, token_id, ...], ...] per step).
 """
 
 NEAR_TIE = 0.02  # logits: a disagreement below this oracle margin is a tie, not an error
@@ -13,20 +13,23 @@ def first_mismatch(got, want):
     return next((i for i, (x, y) in enumerate(zip(got, want, strict=False)) if x != y), None)
 
 
-def horizon(steps, steps64):
-    """The first step where the fp32 and fp64 oracles disagree (token, or logprob beyond
-    LOGPROB_TOL); len(steps) where they agree throughout or no fp64 answers exist."""
-    if steps64 is None:
-        return len(steps)
-    for i, (s32, s64) in enumerate(zip(steps, steps64, strict=True)):
-        if s32["token"] != s64["token"] or abs(s32["logprob"] - s64["logprob"]) > LOGPROB_TOL:
-            return i
-    return len(steps)
+def horizon(steps, variants=()):
+    """The first step where the fp32 CPU oracle and another oracle (fp64, or fp32 on the GPU)
+    disagree: a token, or a logprob beyond LOGPROB_TOL. len(steps) where all agree throughout."""
+    h = len(steps)
+    for other in variants or ():
+        for i, (a, b) in enumerate(zip(steps, other, strict=True)):
+            if a["token"] != b["token"] or abs(a["logprob"] - b["logprob"]) > LOGPROB_TOL:
+                h = min(h, i)
+                break
+    return h
 
 
-def judge(got, steps, steps64=None, follows64=None):
+def judge(got, steps, variants=(), follows=None):
     """-> ('equal' | 'near_tie' | 'rounding' | 'differs', first mismatch, oracle margin there).
-    follows64: the server follows the fp64 oracle throughout (default: its tokens are equal)."""
+    variants: other oracles' steps for this prompt; follows: the server follows one of them
+    throughout (default: its tokens equal one variant's)."""
+    variants = [v for v in variants or () if v is not None]
     want = [s["token"] for s in steps]
     k = first_mismatch(got, want)
     if k is None and len(got) == len(want):
@@ -36,9 +39,9 @@ def judge(got, steps, steps64=None, follows64=None):
     margin = steps[k]["margin"]
     if margin < NEAR_TIE:
         return "near_tie", k, margin
-    if follows64 is None:
-        follows64 = steps64 is not None and got == [s["token"] for s in steps64]
-    if k >= horizon(steps, steps64) or follows64:
+    if follows is None:
+        follows = any(got == [s["token"] for s in v] for v in variants)
+    if k >= horizon(steps, variants) or follows:
         return "rounding", k, margin
     return "differs", k, margin
 

@@ -53,14 +53,31 @@ _E2M1_PAIRS = torch.stack((_E2M1_VALUES[_CODES & 0xF], _E2M1_VALUES[_CODES >> 4]
 _TABLES_ON: dict = {}
 
 
+_HOST_TABLES = {"e2m1": _E2M1_VALUES, "ue8m0": _UE8M0_VALUES, "e2m1_pairs": _E2M1_PAIRS}
+
+
+def _device_key(device: torch.device) -> torch.device:
+    """cuda and cuda:<current> are one device for the tables."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _table(name: str, host: Tensor, device: torch.device) -> Tensor:
-    """A decode table on `device`, copied there once (a copy from host memory cannot happen
-    inside a CUDA graph capture; the first decode, run eagerly before capture, makes it)."""
-    key = (name, device)
+    """A decode table on `device`, copied there once. A copy from host memory cannot happen
+    inside a CUDA graph capture: whoever captures calls `warm_tables` first."""
+    key = (name, _device_key(device))
     table = _TABLES_ON.get(key)
     if table is None:
-        table = _TABLES_ON[key] = host.to(device)
+        table = _TABLES_ON[key] = host.to(key[1])
     return table
+
+
+def warm_tables(device: torch.device) -> None:
+    """Put every decode table on `device` now (before a CUDA graph capture)."""
+    for name, host in _HOST_TABLES.items():
+        _table(name, host, device)
 
 
 def _e2m1_values(device: torch.device) -> torch.Tensor:

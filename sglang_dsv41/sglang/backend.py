@@ -77,8 +77,12 @@ class DSV41AttnBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ CUDA graphs (decode)
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        """Nothing to preallocate: the metadata is built inside each captured graph."""
+        """Nothing to preallocate: the metadata is built inside each captured graph. The record
+        codecs' decode tables go to the device now (no host copy may happen in a capture)."""
+        from sglang_dsv41.kv.fp import warm_tables
+
         self.cuda_graph_max_bs = max_bs
+        warm_tables(self.req_to_token.device)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         if not forward_batch.forward_mode.is_decode():

@@ -127,6 +127,20 @@ def run(oracle, answers: dict, device="cpu", chunk=64, in_flight=8, tol=TOL) -> 
     return res
 
 
+@torch.no_grad()
+def device_oracle(model, answers: dict, device) -> dict:
+    """The fp32 oracle on `device` (full recomputation there): {"replay": [...], "full": [...]}
+    steps per prompt, another correct fp32 arithmetic beside the CPU's (docs/gpu_e2e.md)."""
+    model = copy.deepcopy(model).to(device)
+    out = {}
+    with torch.device(device):
+        for mode, replay in MODES:
+            out[mode] = [
+                oracle_steps(model, p, int(answers["new"]), replay) for p in answers["prompts"]
+            ]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint")
@@ -135,6 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--in-flight", type=int, default=8)
     ap.add_argument("--json", help="write the per-prompt results here")
+    ap.add_argument("--oracle32-json", help="also run the fp32 oracle on the device, write here")
     a = ap.parse_args(argv)
     with open(a.answers) as f:
         answers = json.load(f)
@@ -153,6 +168,11 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+    if a.oracle32_json:
+        fp32 = load_reference(a.checkpoint)
+        with open(a.oracle32_json, "w") as f:
+            json.dump(device_oracle(fp32, answers, torch.device(a.device)), f)
+        print(f"fp32 oracle on {a.device}: {a.oracle32_json}")
     return 0 if res["passed"] else 1
 
 

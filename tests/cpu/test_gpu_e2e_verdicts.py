@@ -26,15 +26,18 @@ def test_equal_near_tie_and_differs():
 def test_rounding_horizon():
     ref = steps([1, 2, 3, 4])
     ref64 = steps([1, 2, 7, 8])  # the oracles part at step 2
-    assert v.horizon(ref, ref64) == 2
-    assert v.horizon(ref, None) == 4
-    assert v.judge([1, 2, 5, 5], ref, ref64)[0] == "rounding"  # at the horizon
-    assert v.judge([1, 5, 5, 5], ref, ref64)[0] == "differs"  # before it
-    assert v.judge([1, 2, 7, 8], ref, ref64)[0] == "rounding"  # the fp64 oracle's answer
-    assert v.judge([1, 5, 7, 8], ref, ref64, follows64=False)[0] == "differs"
+    assert v.horizon(ref, [ref64]) == 2
+    assert v.horizon(ref, []) == 4
+    assert v.judge([1, 2, 5, 5], ref, [ref64])[0] == "rounding"  # at the horizon
+    assert v.judge([1, 5, 5, 5], ref, [ref64])[0] == "differs"  # before it
+    assert v.judge([1, 2, 7, 8], ref, [ref64])[0] == "rounding"  # the fp64 oracle's answer
+    assert v.judge([1, 5, 7, 8], ref, [ref64], follows=False)[0] == "differs"
     drift = steps([1, 2, 3, 4])
     drift[1]["logprob"] = -1.5  # same tokens, logprobs apart from step 1
-    assert v.horizon(ref, drift) == 1
+    assert v.horizon(ref, [drift]) == 1
+    early = steps([1, 9, 9, 9])  # a second variant parts earlier: the earliest counts
+    assert v.horizon(ref, [ref64, early]) == 1
+    assert v.judge([1, 5, 5, 5], ref, [ref64, early])[0] == "rounding"
 
 
 def test_logprob_error_reads_the_oracle_tokens():
