@@ -49,7 +49,7 @@ def _keys(cache, slots, layout, rows: slice, q: Tensor, decoded) -> tuple[Tensor
         return gather_records(cache, s, layout, D), ok
     values, index = decoded
     k = values[index[rows]]  # [t, N, D]
-    return torch.where(ok[..., None], k, torch.zeros((), dtype=k.dtype)), ok
+    return torch.where(ok[..., None], k, k.new_zeros(())), ok
 
 
 def sparse_attention_ref(
@@ -88,5 +88,5 @@ def sparse_attention_ref(
         k_top, top_ok = _keys(*top, rows, q, top_dec)
         o = sparse_attention(q[rows], k_swa, swa_ok, k_top, top_ok, sink, scale, compute_dtype)
         seen = torch.cat((swa_ok, top_ok), dim=1).any(dim=1)  # [t]
-        out[rows] = torch.where(seen[:, None, None], o, torch.zeros((), dtype=o.dtype))
+        out[rows] = torch.where(seen[:, None, None], o, o.new_zeros(()))
     return out
