@@ -49,6 +49,9 @@ def server_defaults(server_args, hf_config) -> dict:
     cuda = cuda_server_defaults(server_args, hf_config)
     if cfg.device == "cuda" and not cuda:
         out["disable_overlap_schedule"] = True
-        logger.info("sglang_dsv41: on CUDA overlap scheduling is off (decode CUDA graphs on)")
+        logger.info(
+            "sglang_dsv41: on CUDA decode runs in CUDA graphs, prefill eager (its metadata reads "
+            "positions and replay floors on the host); overlap scheduling is off"
+        )
     out.update(cuda)
     return out
