@@ -44,50 +44,38 @@ def _path(op: str, qI, kv: PagedIndexK, geo: IndexerGeometry) -> Path:
     return dispatch.select(f"indexer.{op}", qI.device, fast)
 
 
+def _run(op: str, qI, w, kv: PagedIndexK, geo: IndexerGeometry, *args, **triton_kw):
+    """`op` on the path `_path` selects: sm100.<op>, ops.<op> or ref.<op>_ref, each called as
+    (qI, w, kv, *args, geo); the Triton one also gets `triton_kw` (the prefill hint `group`)."""
+    path = _path(op, qI, kv, geo)
+    if path is Path.SM100:
+        from sglang_dsv41.kernels.indexer import sm100
+
+        return getattr(sm100, op)(qI, w, kv, *args, geo)
+    if path is Path.TRITON:
+        from sglang_dsv41.kernels.indexer import ops
+
+        return getattr(ops, op)(qI, w, kv, *args, geo, **triton_kw)
+    return getattr(ref, f"{op}_ref")(qI, w, kv, *args, geo)
+
+
 def full_topk(qI, w, kv: PagedIndexK, geo: IndexerGeometry, group=1):
     """Full layer -> int32 [T, topk] entry ids, -1 padded (order unspecified on fast paths).
 
     group: prefill hint for the Triton path, every aligned run of `group` tokens is one request
     (ops.groupable); 8 is fastest on the H200. The other paths ignore it.
     """
-    path = _path("full_topk", qI, kv, geo)
-    if path is Path.SM100:
-        from sglang_dsv41.kernels.indexer import sm100
-
-        return sm100.full_topk(qI, w, kv, geo)
-    if path is Path.TRITON:
-        from sglang_dsv41.kernels.indexer import ops
-
-        return ops.full_topk(qI, w, kv, geo, group)
-    return ref.full_topk_ref(qI, w, kv, geo)
+    return _run("full_topk", qI, w, kv, geo, group=group)
 
 
 def candidate_source(qI, w, kv: PagedIndexK, geo: IndexerGeometry, group=1):
     """Candidate source -> (own top-k int32 [T, topk], pool block ids int32 [T, pool_blocks])."""
-    path = _path("candidate_source", qI, kv, geo)
-    if path is Path.SM100:
-        from sglang_dsv41.kernels.indexer import sm100
-
-        return sm100.candidate_source(qI, w, kv, geo)
-    if path is Path.TRITON:
-        from sglang_dsv41.kernels.indexer import ops
-
-        return ops.candidate_source(qI, w, kv, geo, group)
-    return ref.candidate_source_ref(qI, w, kv, geo)
+    return _run("candidate_source", qI, w, kv, geo, group=group)
 
 
 def reindex(qI, w, kv: PagedIndexK, pool, geo: IndexerGeometry):
     """Reindex inside pool int32 [T, NB] block ids -> int32 [T, topk] entry ids, -1 padded."""
-    path = _path("reindex", qI, kv, geo)
-    if path is Path.SM100:
-        from sglang_dsv41.kernels.indexer import sm100
-
-        return sm100.reindex(qI, w, kv, pool, geo)
-    if path is Path.TRITON:
-        from sglang_dsv41.kernels.indexer import ops
-
-        return ops.reindex(qI, w, kv, pool, geo)
-    return ref.reindex_ref(qI, w, kv, pool, geo)
+    return _run("reindex", qI, w, kv, geo, pool)
 
 
 __all__ = ["IndexerGeometry", "PagedIndexK", "candidate_source", "full_topk", "reindex"]

@@ -68,6 +68,55 @@ def groupable(req_ids_cpu: torch.Tensor, group: int) -> bool:
     return T == 0 or bool((r.view(-1, group) == r.view(-1, group)[:, :1]).all())
 
 
+def nibble_major(q: torch.Tensor) -> torch.Tensor:
+    """bf16 [T, HI, DI] -> bf16 [T, 8, DI/8, HI] with out[t, j, i, h] = q[t, h, 8 i + j]."""
+    T, HI, DI = q.shape
+    return q.view(T, HI, DI // 8, 8).permute(0, 3, 2, 1).contiguous()
+
+
+def _launch(kernel, tune: str, qI, w, kv: PagedIndexK, n_blk, cols, group=1, blocks=(), **flags):
+    """Run one indexer kernel into a new fp32 [T, cols] and return it (empty launch skipped).
+
+    Programs: ceil(T / group) x ceil(n_blk * BLOCK / (BN * TILES)), BN, TILES and warps from
+    TUNING[tune]. Positional arguments: q, w, records, page table, req_ids, n_visible, *blocks,
+    out, page-table stride, n_blk, P; with group > 1 (the grouped scan) q is nibble-major, T
+    follows out and QB = group. `flags`: the kernel's other compile-time switches.
+    """
+    q, w, rec, pt, req, nvis = _prep(qI, w, kv)
+    T, HI, DI = qI.shape
+    bn, tiles, num_warps = (TUNING[tune][k] for k in ("bn", "tiles", "num_warps"))
+    out = torch.empty(T, cols, dtype=torch.float32, device=q.device)
+    if T == 0 or n_blk == 0:
+        return out
+    t_arg = ()
+    if group > 1:
+        q, t_arg, flags = nibble_major(q), (T,), {**flags, "QB": group}
+    grid = (triton.cdiv(T, group), triton.cdiv(n_blk * BLOCK, bn * tiles))
+    kernel[grid](
+        q,
+        w,
+        rec,
+        pt,
+        req,
+        nvis,
+        *blocks,
+        out,
+        *t_arg,
+        pt.stride(0),
+        n_blk,
+        kv.page_size,
+        HI=HI,
+        DI=DI,
+        BN=bn,
+        TILES=tiles,
+        BLOCK=BLOCK,
+        DOT_F32=_INTERPRET,
+        num_warps=num_warps,
+        **flags,
+    )
+    return out
+
+
 def block_scores(qI, w, kv: PagedIndexK, force_newest=False, group=1):
     """Block max of each query's score row: fp32 [T, ceil(max_pages * P / 8)].
 
@@ -75,81 +124,13 @@ def block_scores(qI, w, kv: PagedIndexK, force_newest=False, group=1):
     group > 1 (prefill): runs of `group` tokens share each dequantized key tile; the caller
     guarantees every aligned run is one request (see `groupable`).
     """
+    nblk = triton.cdiv(kv.page_table.shape[1] * kv.page_size, BLOCK)
     if group > 1:
-        return _block_scores_grouped(qI, w, kv, force_newest, group)
-    q, w, rec, pt, req, nvis = _prep(qI, w, kv)
-    P = kv.page_size
-    T, HI, DI = qI.shape
-    bn, tiles, num_warps = (TUNING["scan"][k] for k in ("bn", "tiles", "num_warps"))
-    n_max = pt.shape[1] * P
-    nblk = triton.cdiv(n_max, BLOCK)
-    out = torch.empty(T, nblk, dtype=torch.float32, device=q.device)
-    if T == 0 or nblk == 0:
-        return out
-    grid = (T, triton.cdiv(nblk * BLOCK, bn * tiles))
-    _scan_kernel[grid](
-        q,
-        w,
-        rec,
-        pt,
-        req,
-        nvis,
-        out,
-        pt.stride(0),
-        nblk,
-        P,
-        FORCE_NEWEST=force_newest,
-        HI=HI,
-        DI=DI,
-        BN=bn,
-        TILES=tiles,
-        BLOCK=BLOCK,
-        DOT_F32=_INTERPRET,
-        num_warps=num_warps,
-    )
-    return out
-
-
-def nibble_major(q: torch.Tensor) -> torch.Tensor:
-    """bf16 [T, HI, DI] -> bf16 [T, 8, DI/8, HI] with out[t, j, i, h] = q[t, h, 8 i + j]."""
-    T, HI, DI = q.shape
-    return q.view(T, HI, DI // 8, 8).permute(0, 3, 2, 1).contiguous()
-
-
-def _block_scores_grouped(qI, w, kv: PagedIndexK, force_newest, group):
-    q, w, rec, pt, req, nvis = _prep(qI, w, kv)
-    P = kv.page_size
-    T, HI, DI = qI.shape
-    assert group & (group - 1) == 0, group
-    bn, tiles, num_warps = (TUNING["scan_group"][k] for k in ("bn", "tiles", "num_warps"))
-    nblk = triton.cdiv(pt.shape[1] * P, BLOCK)
-    out = torch.empty(T, nblk, dtype=torch.float32, device=q.device)
-    if T == 0 or nblk == 0:
-        return out
-    grid = (triton.cdiv(T, group), triton.cdiv(nblk * BLOCK, bn * tiles))
-    _scan_group_kernel[grid](
-        nibble_major(q),
-        w,
-        rec,
-        pt,
-        req,
-        nvis,
-        out,
-        T,
-        pt.stride(0),
-        nblk,
-        P,
-        FORCE_NEWEST=force_newest,
-        HI=HI,
-        DI=DI,
-        QB=group,
-        BN=bn,
-        TILES=tiles,
-        BLOCK=BLOCK,
-        DOT_F32=_INTERPRET,
-        num_warps=num_warps,
-    )
-    return out
+        assert group & (group - 1) == 0, group
+        kernel, tune = _scan_group_kernel, "scan_group"
+    else:
+        kernel, tune = _scan_kernel, "scan"
+    return _launch(kernel, tune, qI, w, kv, nblk, nblk, group, FORCE_NEWEST=force_newest)
 
 
 def pool_scores(qI, w, kv: PagedIndexK, blocks):
@@ -158,37 +139,9 @@ def pool_scores(qI, w, kv: PagedIndexK, blocks):
     Column 8 j + i is entry 8 * blocks[t, j] + i; -inf where the block is -1 or the entry is
     not visible. Work is proportional to NB, independent of N.
     """
-    q, w, rec, pt, req, nvis = _prep(qI, w, kv)
-    P = kv.page_size
-    T, HI, DI = qI.shape
-    bn, tiles, num_warps = (TUNING["pool"][k] for k in ("bn", "tiles", "num_warps"))
     blocks = blocks.to(torch.int32).contiguous()
     NB = blocks.shape[1]
-    out = torch.empty(T, NB * BLOCK, dtype=torch.float32, device=q.device)
-    if T == 0 or NB == 0:
-        return out
-    grid = (T, triton.cdiv(NB * BLOCK, bn * tiles))
-    _pool_kernel[grid](
-        q,
-        w,
-        rec,
-        pt,
-        req,
-        nvis,
-        blocks,
-        out,
-        pt.stride(0),
-        NB,
-        P,
-        HI=HI,
-        DI=DI,
-        BN=bn,
-        TILES=tiles,
-        BLOCK=BLOCK,
-        DOT_F32=_INTERPRET,
-        num_warps=num_warps,
-    )
-    return out
+    return _launch(_pool_kernel, "pool", qI, w, kv, NB, NB * BLOCK, blocks=(blocks,))
 
 
 def _pad(ids: torch.Tensor, width: int) -> torch.Tensor:

@@ -100,10 +100,45 @@ def _score_tile(
     DI: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    """Scores of BN entries for one query (qp_ptr: bf16 [HI, DI], b_w fp32 [HI]): fp32 [BN]."""
+    """Scores of BN entries for one query (qp_ptr: bf16 [HI, DI], b_w fp32 [HI]): fp32 [BN],
+    -inf where ~m_n."""
     p_qcol = qp_ptr + tl.arange(0, HI) * DI
     b_acc = _keys_dot(rec_ptr, o_slot, m_n, p_qcol, HI, BN, DI, 8, 1, DOT_F32)  # [BN, HI]
-    return tl.sum(tl.maximum(b_acc, 0.0) * b_w[None, :], axis=1)  # [BN]
+    b_s = tl.sum(tl.maximum(b_acc, 0.0) * b_w[None, :], axis=1)  # [BN]
+    return tl.where(m_n, b_s, float("-inf"))
+
+
+@triton.jit
+def _query(q_ptr, w_ptr, req_ptr, nvis_ptr, i_t, HI: tl.constexpr, DI: tl.constexpr):
+    """Token i_t's visible entries, request (int64), query rows (bf16 [HI, DI] at the returned
+    pointer) and head weights fp32 [HI]."""
+    n_vis = tl.load(nvis_ptr + i_t)
+    i_b = tl.load(req_ptr + i_t).to(tl.int64)
+    qp_ptr = q_ptr + i_t.to(tl.int64) * HI * DI
+    b_w = tl.load(w_ptr + i_t * HI + tl.arange(0, HI))  # [HI] fp32
+    return n_vis, i_b, qp_ptr, b_w
+
+
+@triton.jit
+def _slots(pt_ptr, i_b, stride_pt, o_s, m_n, P):
+    """Pool slots int64 [BN] of request i_b's entries o_s [BN] (page size P; 0 where ~m_n)."""
+    b_page = tl.load(pt_ptr + i_b * stride_pt + o_s // P, mask=m_n, other=0)
+    return b_page.to(tl.int64) * P + o_s % P
+
+
+@triton.jit
+def _tile_blocks(u, BN: tl.constexpr, BLOCK: tl.constexpr):
+    """Tile u of a score row: its first entry s0 = u * BN and its block ids int [BN / BLOCK]."""
+    s0 = u * BN
+    return s0, s0 // BLOCK + tl.arange(0, BN // BLOCK)
+
+
+@triton.jit
+def _tile_slots(s0, n, pt_ptr, i_b, stride_pt, P, BN: tl.constexpr):
+    """Entries o_s = s0 .. s0 + BN - 1 of request i_b: (o_s, m_n = o_s < n, pool slots int64)."""
+    o_s = s0 + tl.arange(0, BN)
+    m_n = o_s < n
+    return o_s, m_n, _slots(pt_ptr, i_b, stride_pt, o_s, m_n, P)
 
 
 # P is never specialized: Triton 3.6 derives 16-divisibility for a contiguous run of slots from a
@@ -132,22 +167,14 @@ def _scan_kernel(
     """Block max of the score row: out fp32 [T, NBLK], -inf past the visible blocks."""
     i_t = tl.program_id(0)
     i_c = tl.program_id(1)
-    n_vis = tl.load(nvis_ptr + i_t)
-    i_b = tl.load(req_ptr + i_t).to(tl.int64)
-    qp_ptr = q_ptr + i_t.to(tl.int64) * HI * DI
-    b_w = tl.load(w_ptr + i_t * HI + tl.arange(0, HI))  # [HI] fp32
+    n_vis, i_b, qp_ptr, b_w = _query(q_ptr, w_ptr, req_ptr, nvis_ptr, i_t, HI, DI)
     newest = tl.where(n_vis > 0, (n_vis - 1) // BLOCK, -1)
     NB_T: tl.constexpr = BN // BLOCK
     for i in range(TILES):
-        s0 = (i_c * TILES + i) * BN
-        o_blk = s0 // BLOCK + tl.arange(0, NB_T)  # [BN/BLOCK]
+        s0, o_blk = _tile_blocks(i_c * TILES + i, BN, BLOCK)  # o_blk [BN/BLOCK]
         if s0 < n_vis:
-            o_s = s0 + tl.arange(0, BN)
-            m_n = o_s < n_vis
-            b_page = tl.load(pt_ptr + i_b * stride_pt + o_s // P, mask=m_n, other=0)
-            o_slot = b_page.to(tl.int64) * P + o_s % P
+            o_s, m_n, o_slot = _tile_slots(s0, n_vis, pt_ptr, i_b, stride_pt, P, BN)
             b_s = _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI, BN, DI, DOT_F32)
-            b_s = tl.where(m_n, b_s, float("-inf"))
             b_max = tl.max(tl.reshape(b_s, (NB_T, BLOCK)), axis=1)  # [BN/BLOCK]
         else:
             b_max = tl.full((NB_T,), float("-inf"), tl.float32)
@@ -180,10 +207,7 @@ def _pool_kernel(
     id is -1 or the entry is not visible. blocks int32 [T, NB]."""
     i_t = tl.program_id(0)
     i_c = tl.program_id(1)
-    n_vis = tl.load(nvis_ptr + i_t)
-    i_b = tl.load(req_ptr + i_t).to(tl.int64)
-    qp_ptr = q_ptr + i_t.to(tl.int64) * HI * DI
-    b_w = tl.load(w_ptr + i_t * HI + tl.arange(0, HI))  # [HI] fp32
+    n_vis, i_b, qp_ptr, b_w = _query(q_ptr, w_ptr, req_ptr, nvis_ptr, i_t, HI, DI)
     for i in range(TILES):
         j0 = (i_c * TILES + i) * BN
         o_j = j0 + tl.arange(0, BN)  # [BN] position in the pool row
@@ -191,10 +215,8 @@ def _pool_kernel(
         b_blk = tl.load(blocks_ptr + i_t.to(tl.int64) * NB + o_j // BLOCK, mask=m_j, other=-1)
         o_s = b_blk * BLOCK + o_j % BLOCK  # [BN] entry ids
         m_n = m_j & (b_blk >= 0) & (o_s < n_vis)
-        b_page = tl.load(pt_ptr + i_b * stride_pt + o_s // P, mask=m_n, other=0)
-        o_slot = b_page.to(tl.int64) * P + o_s % P
+        o_slot = _slots(pt_ptr, i_b, stride_pt, o_s, m_n, P)
         b_s = _score_tile(rec_ptr, o_slot, m_n, qp_ptr, b_w, HI, BN, DI, DOT_F32)
-        b_s = tl.where(m_n, b_s, float("-inf"))
         tl.store(out_ptr + i_t.to(tl.int64) * NB * BLOCK + o_j, b_s, mask=m_j)
 
 
@@ -239,13 +261,9 @@ def _scan_group_kernel(
     newest = tl.where(b_nvis > 0, (b_nvis - 1) // BLOCK, -1)  # [QB]
     NB_T: tl.constexpr = BN // BLOCK
     for i in range(TILES):
-        s0 = (i_c * TILES + i) * BN
-        o_blk = s0 // BLOCK + tl.arange(0, NB_T)  # [BN/BLOCK]
+        s0, o_blk = _tile_blocks(i_c * TILES + i, BN, BLOCK)  # o_blk [BN/BLOCK]
         if s0 < n_max:
-            o_s = s0 + tl.arange(0, BN)
-            m_n = o_s < n_max
-            b_page = tl.load(pt_ptr + i_b * stride_pt + o_s // P, mask=m_n, other=0)
-            o_slot = b_page.to(tl.int64) * P + o_s % P
+            o_s, m_n, o_slot = _tile_slots(s0, n_max, pt_ptr, i_b, stride_pt, P, BN)
             b_acc = _keys_dot(
                 rec_ptr, o_slot, m_n, p_qcol, QB * HI, BN, DI, HI, (DI // 8) * HI, DOT_F32
             )

@@ -116,17 +116,8 @@ def store_swa(
     cos_sin_cache: tuple[Tensor, Tensor] | None = None,
 ) -> None:
     """SWA rows x [T, D] -> V41 records (RMSNorm, RoPE on the last R dims) at slots [T]."""
-    store_records(
-        x,
-        pool,
-        slots,
-        Layout.V41,
-        norm_weight=norm_weight,
-        eps=eps,
-        pos=pos,
-        inv_freq=inv_freq,
-        cos_sin_cache=cos_sin_cache,
-    )
+    rope = dict(pos=pos, inv_freq=inv_freq, cos_sin_cache=cos_sin_cache)
+    store_records(x, pool, slots, Layout.V41, norm_weight=norm_weight, eps=eps, **rope)
 
 
 def store_latent(
@@ -158,6 +149,7 @@ def store_index_k(
 ) -> None:
     """Index keys x [n, DI] (after `wk`) -> k_norm, RoPE -> INDEX_K records at slots [n]
     (split_page: see the module docstring; 128 for an SM100 pool)."""
+    rope = dict(pos=pos, inv_freq=inv_freq, cos_sin_cache=cos_sin_cache)
     store_records(
         x,
         pool,
@@ -165,8 +157,6 @@ def store_index_k(
         Layout.INDEX_K,
         norm_weight=norm_weight,
         eps=eps,
-        pos=pos,
-        inv_freq=inv_freq,
-        cos_sin_cache=cos_sin_cache,
         split_page=split_page,
+        **rope,
     )

@@ -36,21 +36,19 @@ def _step(
     b_q,
     b_k,
     valid,
-    m_i,
-    l_i,
-    acc,
-    p_prev,
-    k_prev,
+    state,
     qk_scale,
     SWAP: tl.constexpr,
     SKEW: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Online-softmax step over one K tile b_k [BN, D].
+    """Online-softmax step over one K tile b_k [BN, D]: state (m_i, l_i, acc, p_prev, k_prev) in,
+    the next state out.
 
     SWAP = 0: b_q [BH, D], acc [BH, D], m_i/l_i [BH]; SWAP = 1: b_q = Q^T [D, BH], acc [D, BH].
     With SKEW, p_prev/k_prev are the previous tile's P and K, whose product is added here.
     """
+    m_i, l_i, acc, p_prev, k_prev = state
     if SWAP:
         s = tl.dot(b_k, b_q, input_precision=PREC) * qk_scale  # [BN, BH]
         s = tl.where(valid[:, None], s, float("-inf"))
@@ -90,11 +88,7 @@ def _walk(
     RS: tl.constexpr,
     t0,
     t1,
-    m_i,
-    l_i,
-    acc,
-    p_prev,
-    k_prev,
+    state,
     qk_scale,
     D: tl.constexpr,
     BN: tl.constexpr,
@@ -106,7 +100,7 @@ def _walk(
     PREC: tl.constexpr,
 ):
     """Tiles t0 .. t1 - 1 of one segment: n slots at p_idx into the rows (format FMT, stride RS)
-    at base."""
+    at base; state (m_i, l_i, acc, p_prev, k_prev) as in `_step`, returned updated."""
     if PREFETCH:
         idx = load_idx(p_idx, t0, n, t0 < t1, BN)
         b_v, b_s = raw(base, RS, idx, D, FMT)
@@ -115,9 +109,7 @@ def _walk(
             n_v, n_s = raw(base, RS, idx_n, D, FMT)  # tile u + 1, in flight during tile u
             idx_nn = load_idx(p_idx, u + 2, n, u + 2 < t1, BN)
             b_k = deq(b_v, b_s, D, BN, DT, FMT)
-            m_i, l_i, acc, p_prev, k_prev = _step(
-                b_q, b_k, idx >= 0, m_i, l_i, acc, p_prev, k_prev, qk_scale, SWAP, SKEW, PREC
-            )
+            state = _step(b_q, b_k, idx >= 0, state, qk_scale, SWAP, SKEW, PREC)
             idx = idx_n
             idx_n = idx_nn
             b_v = n_v
@@ -127,10 +119,8 @@ def _walk(
             idx = load_idx(p_idx, u, n, True, BN)
             b_v, b_s = raw(base, RS, idx, D, FMT)
             b_k = deq(b_v, b_s, D, BN, DT, FMT)
-            m_i, l_i, acc, p_prev, k_prev = _step(
-                b_q, b_k, idx >= 0, m_i, l_i, acc, p_prev, k_prev, qk_scale, SWAP, SKEW, PREC
-            )
-    return m_i, l_i, acc, p_prev, k_prev
+            state = _step(b_q, b_k, idx >= 0, state, qk_scale, SWAP, SKEW, PREC)
+    return state
 
 
 @triton.jit(do_not_specialize=["H", "W", "TOPK", "num_splits"])
@@ -211,7 +201,8 @@ def sparse_attn_kernel(
     per = tl.cdiv(n_tiles, num_splits)
     u0 = i_s * per
     u1 = tl.minimum(u0 + per, n_tiles)
-    m_i, l_i, acc, p_prev, k_prev = _walk(
+    state = (m_i, l_i, acc, p_prev, k_prev)
+    state = _walk(
         b_q,
         swa_idx_ptr + i_t * stride_swt,
         W,
@@ -219,11 +210,7 @@ def sparse_attn_kernel(
         D + D // 32,
         u0,
         tl.minimum(u1, n_sw),
-        m_i,
-        l_i,
-        acc,
-        p_prev,
-        k_prev,
+        state,
         qk_scale,
         D,
         BN,
@@ -234,7 +221,7 @@ def sparse_attn_kernel(
         DT,
         PREC,
     )
-    m_i, l_i, acc, p_prev, k_prev = _walk(
+    state = _walk(
         b_q,
         kv_idx_ptr + i_t * stride_kvt,
         TOPK,
@@ -242,11 +229,7 @@ def sparse_attn_kernel(
         KV_RS,
         tl.maximum(u0, n_sw) - n_sw,
         u1 - n_sw,
-        m_i,
-        l_i,
-        acc,
-        p_prev,
-        k_prev,
+        state,
         qk_scale,
         D,
         BN,
@@ -257,6 +240,7 @@ def sparse_attn_kernel(
         DT,
         PREC,
     )
+    m_i, l_i, acc, p_prev, k_prev = state
     if SKEW:  # the last tile's P V
         if SWAP:
             acc = tl.dot(tl.trans(k_prev), p_prev, acc, input_precision=PREC)

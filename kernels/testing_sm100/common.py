@@ -5,6 +5,8 @@ the libraries address them."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 
 import torch
 
@@ -71,3 +73,24 @@ def _row_keys(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Ten
 class Call:
     name: str
     args: dict
+
+
+def recording(calls: list, **keys):
+    """Decorator of a stand-in library function: each call first appends Call(function name,
+    {parameter: value}) to `calls`, every parameter with its default filled in; `keys` renames
+    a parameter's record key (`name="key"`) or leaves it out (`name=None`)."""
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            named = ((keys.get(k, k), v) for k, v in bound.arguments.items())
+            calls.append(Call(fn.__name__, {k: v for k, v in named if k is not None}))
+            return fn(*args, **kwargs)
+
+        return call
+
+    return wrap

@@ -9,12 +9,12 @@ import torch
 
 from sglang_dsv41.kernels.testing_sm100.common import (
     NUM_SMS,
-    Call,
     _garbage_rows,
     _need,
     _queries,
     _row_keys,
     _scores,
+    recording,
 )
 from sglang_dsv41.kv.records import unpack_index_k
 
@@ -28,15 +28,8 @@ def deep_gemm(calls: list, sparse_logits_dtype=torch.bfloat16) -> types.ModuleTy
     def get_num_sms():
         return NUM_SMS
 
+    @recording(calls)
     def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
-        calls.append(
-            Call(
-                "get_paged_mqa_logits_metadata",
-                dict(
-                    context_lens=context_lens, block_kv=block_kv, num_sms=num_sms, indices=indices
-                ),
-            )
-        )
         _need(context_lens.dim() == 2, "context_lens.dim() == 2")
         _need(
             context_lens.dtype == torch.int32 and context_lens.is_contiguous(),
@@ -45,6 +38,7 @@ def deep_gemm(calls: list, sparse_logits_dtype=torch.bfloat16) -> types.ModuleTy
         _need(block_kv in (32, 64, 128), "arch 10: block_kv in (32, 64, 128)")
         return torch.zeros(num_sms + 1, 2, dtype=torch.int32)
 
+    @recording(calls)
     def fp8_fp4_paged_mqa_logits(
         q,
         kv_cache,
@@ -57,23 +51,6 @@ def deep_gemm(calls: list, sparse_logits_dtype=torch.bfloat16) -> types.ModuleTy
         logits_dtype=torch.float,
         indices=None,
     ):
-        calls.append(
-            Call(
-                "fp8_fp4_paged_mqa_logits",
-                dict(
-                    q=q,
-                    kv_cache=kv_cache,
-                    weights=weights,
-                    context_lens=context_lens,
-                    block_table=block_table,
-                    schedule_meta=schedule_meta,
-                    max_context_len=max_context_len,
-                    clean_logits=clean_logits,
-                    logits_dtype=logits_dtype,
-                    indices=indices,
-                ),
-            )
-        )
         q_fp, q_sf = q
         _need(q_sf is not None, "FP4 queries come with q_sf")
         B, n, H, half = q_fp.shape
@@ -132,6 +109,7 @@ def deep_gemm(calls: list, sparse_logits_dtype=torch.bfloat16) -> types.ModuleTy
             out[b, :n_ctx] = sc[:n_ctx].to(logits_dtype)
         return out
 
+    @recording(calls, cu_seq_len_k_start="starts", cu_seq_len_k_end="ends", schedule_meta=None)
     def fp8_fp4_mqa_logits(
         q,
         kv,
@@ -143,21 +121,6 @@ def deep_gemm(calls: list, sparse_logits_dtype=torch.bfloat16) -> types.ModuleTy
         logits_dtype=torch.float,
         schedule_meta=None,
     ):
-        calls.append(
-            Call(
-                "fp8_fp4_mqa_logits",
-                dict(
-                    q=q,
-                    kv=kv,
-                    weights=weights,
-                    starts=cu_seq_len_k_start,
-                    ends=cu_seq_len_k_end,
-                    clean_logits=clean_logits,
-                    max_seqlen_k=max_seqlen_k,
-                    logits_dtype=logits_dtype,
-                ),
-            )
-        )
         (q_fp, q_sf), (kv_fp, kv_sf) = q, kv
         T, H, half = q_fp.shape
         _need(H in (16, 32, 64) and half * 2 == 128, "q [T, H in 16/32/64, 64]")
@@ -205,6 +168,7 @@ def deep_gemm(calls: list, sparse_logits_dtype=torch.bfloat16) -> types.ModuleTy
                 out[t, : e - a] = sc[: e - a].to(logits_dtype)
         return out
 
+    @recording(calls, sparse_kv_block_indices="blocks")
     def get_paged_sparse_mqa_logits_metadata(
         context_lens,
         block_table,
@@ -214,20 +178,6 @@ def deep_gemm(calls: list, sparse_logits_dtype=torch.bfloat16) -> types.ModuleTy
         qk_dtype,
         sparse_block_kv,
     ):
-        calls.append(
-            Call(
-                "get_paged_sparse_mqa_logits_metadata",
-                dict(
-                    context_lens=context_lens,
-                    block_table=block_table,
-                    indices=indices,
-                    page_kv=page_kv,
-                    blocks=sparse_kv_block_indices,
-                    qk_dtype=qk_dtype,
-                    sparse_block_kv=sparse_block_kv,
-                ),
-            )
-        )
         T = context_lens.numel()
         blocks = sparse_kv_block_indices
         _need(
@@ -292,22 +242,10 @@ def deep_gemm(calls: list, sparse_logits_dtype=torch.bfloat16) -> types.ModuleTy
         meta[:8] = torch.tensor([key], dtype=torch.int64).view(torch.uint8)
         return meta
 
+    @recording(calls)
     def fp8_fp4_paged_sparse_mqa_logits(
         q, kv_cache, weights, metadata, num_max_sparse_blocks, sparse_block_kv
     ):
-        calls.append(
-            Call(
-                "fp8_fp4_paged_sparse_mqa_logits",
-                dict(
-                    q=q,
-                    kv_cache=kv_cache,
-                    weights=weights,
-                    metadata=metadata,
-                    num_max_sparse_blocks=num_max_sparse_blocks,
-                    sparse_block_kv=sparse_block_kv,
-                ),
-            )
-        )
         q_fp, q_sf = q
         T, n, H, half = q_fp.shape
         _need(q_sf is not None, "arch 10: q_sf given")
