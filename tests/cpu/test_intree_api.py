@@ -16,49 +16,36 @@ from sglang_dsv41.serving.context import BatchContext, build_rows  # noqa: E402
 from sglang_dsv41.sglang.replay_tail import LateLayerTailMixin  # noqa: E402
 
 
-def _params(fn) -> list:
-    return list(inspect.signature(fn).parameters)
+def _params(fn) -> str:
+    """The parameter names of `fn`, in order, joined by spaces."""
+    return " ".join(inspect.signature(fn).parameters)
 
 
 def test_in_tree_classes_and_factories():
     assert issubclass(intree.MQALayer, intree.MqaAttentionBase)
     assert issubclass(intree.DeepseekV4DecoderLayer, intree.DeepseekV4DecoderLayerBase)
-    assert _params(intree.DeepseekV4ForCausalLM.__init__) == [
-        "self",
-        "config",
-        "quant_config",
-        "prefix",
-    ]
-    assert _params(intree.DeepseekV4DecoderLayerBase._build_self_attn) == [
-        "self",
-        "config",
-        "layer_id",
-        "quant_config",
-        "prefix",
-        "alt_streams",
-        "compress_ratio_override",
-    ]
+    assert _params(intree.DeepseekV4ForCausalLM.__init__) == "self config quant_config prefix"
+    assert (
+        _params(intree.DeepseekV4DecoderLayerBase._build_self_attn)
+        == "self config layer_id quant_config prefix alt_streams compress_ratio_override"
+    )
     # the model reads its layer class through this module global while it builds
     src = inspect.getsource(intree.DeepseekV4Model.__init__)
     assert "DeepseekV4DecoderLayer(" in src and "enable_decoder_swa_bounded_replay" in src
     assert "DecoderReplayTail.maybe_create" in src
     for name in ("_project_wo_b", "accepts_mxfp8_swizzled_input", "accepts_deepgemm_mxfp8_input"):
         assert callable(getattr(intree.MQALayer, name)), name
-    assert _params(intree.MQALayer._project_wo_b) == ["self", "o", "defer_all_reduce"]
+    assert _params(intree.MQALayer._project_wo_b) == "self o defer_all_reduce"
 
 
 def test_attention_forward_signature_is_the_in_tree_one():
     from sglang_dsv41.sglang.cuda_attention import DSV41CudaAttention
 
     assert _params(DSV41CudaAttention.forward) == _params(intree.MQALayer.forward)
-    assert _params(intree.MQALayer.forward) == [
-        "self",
-        "x",
-        "positions",
-        "forward_batch",
-        "x_quant",
-        "defer_all_reduce",
-    ]
+    assert (
+        _params(intree.MQALayer.forward)
+        == "self x positions forward_batch x_quant defer_all_reduce"
+    )
     src = inspect.getsource(intree.DeepseekV4CudaDecoderLayer._run_boundary_attention)
     assert "self.self_attn(" in src and "defer_all_reduce=True" in src
 
