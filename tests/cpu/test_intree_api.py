@@ -21,6 +21,14 @@ def _params(fn) -> str:
     return " ".join(inspect.signature(fn).parameters)
 
 
+def _source_with(fn, *parts) -> str:
+    """The source of `fn`, asserted to contain each of `parts`."""
+    src = inspect.getsource(fn)
+    for part in parts:
+        assert part in src, part
+    return src
+
+
 def test_in_tree_classes_and_factories():
     assert issubclass(intree.MQALayer, intree.MqaAttentionBase)
     assert issubclass(intree.DeepseekV4DecoderLayer, intree.DeepseekV4DecoderLayerBase)
@@ -51,8 +59,8 @@ def test_attention_forward_signature_is_the_in_tree_one():
 
 
 def test_layer_members_the_adapter_reads():
-    src = inspect.getsource(intree.MqaAttentionBase.__init__)
-    for member in (
+    _source_with(
+        intree.MqaAttentionBase.__init__,
         "self.attn_tp_rank",
         "self.attn_tp_size",
         "self.n_local_groups",
@@ -65,31 +73,27 @@ def test_layer_members_the_adapter_reads():
         "self.kv_norm",
         "self.wo_a",
         "self.wo_b",
-    ):
-        assert member in src, member
+    )
     src = inspect.getsource(intree.MQALayer.__init__)
     assert "DeepseekV41Compressor(" in src and "DeepseekV41Indexer(" in src
     from sglang.srt.layers.attention.dsv4 import dsv41_sparse
 
-    src = inspect.getsource(dsv41_sparse.DeepseekV41Compressor.__init__)
-    for member in ("self.wkv_gate", "self.wkv", "self.wgate", "self.norm"):
-        assert member in src, member
-    src = inspect.getsource(dsv41_sparse.DeepseekV41Indexer.__init__)
-    for member in ("self.wq_b", "self.weights_proj", "self.wk", "self.k_norm"):
-        assert member in src, member
+    compressor = dsv41_sparse.DeepseekV41Compressor.__init__
+    _source_with(compressor, "self.wkv_gate", "self.wkv", "self.wgate", "self.norm")
+    indexer = dsv41_sparse.DeepseekV41Indexer.__init__
+    _source_with(indexer, "self.wq_b", "self.weights_proj", "self.wk", "self.k_norm")
 
 
 def test_replay_tail_protocol_calls():
     """The in-tree layer loop's calls into the backend, as the mixin implements them."""
-    src = inspect.getsource(intree.DeepseekV4Model._forward_layers_hc_pre_from_prev)
-    for call in (
+    src = _source_with(
+        intree.DeepseekV4Model._forward_layers_hc_pre_from_prev,
         "attn_backend.tail_forward_metadata.late_layer_tail",
         "attn_backend.write_tail_source_kv(",
         "attn_backend.enter_late_layer_tail(forward_batch)",
         "attn_backend.exit_late_layer_tail(saved_full, forward_batch)",
         "attn_backend.prefill_graph_late_layer_saved",
-    ):
-        assert call in src, call
+    )
     for kw in ("layer=", "x=", "positions=", "forward_batch="):
         assert kw in src.split("attn_backend.write_tail_source_kv(")[1].split(")")[0], kw
     from sglang.srt.layers.attention.deepseek_v4_backend import LateLayerTail
