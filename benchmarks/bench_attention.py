@@ -39,6 +39,9 @@ from sglang_dsv41.kernels.sparse_attn.triton_kernel import _step
 from sglang_dsv41.kernels.sparse_attn.triton_records import deq, load_idx, raw
 from sglang_dsv41.kv.records import Layout, record_bytes
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from graph_timing import graph_us  # noqa: E402  (benchmarks/ is not a package)
+
 HEADS = (8, 16, 32, 64)
 D, W, TOPK = 512, 128, 512
 N = W + TOPK
@@ -52,17 +55,6 @@ ABLATE = [(64, 32, 8, False), (16, 32, 4, False), (16, 32, 8, True)]  # heads, B
 def bench(fn) -> float:
     """Median microseconds of fn() (L2 flushed before each call)."""
     return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3
-
-
-def graph_us(fn) -> float:
-    """Median microseconds of one CUDA-graph replay of fn()."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    return bench(g.replay)
 
 
 def ceilings() -> dict:

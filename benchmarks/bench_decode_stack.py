@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decode_stack as ds  # noqa: E402  (benchmarks/ is not a package)
+from graph_timing import graph_us  # noqa: E402
 
 from sglang_dsv41.config import preset  # noqa: E402
 from sglang_dsv41.tools.kv_capacity import dsv41_footprint, v4_footprint  # noqa: E402
@@ -63,17 +64,7 @@ def step_us(fn, device) -> float:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    import triton.testing
-
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    t = triton.testing.do_bench(g.replay, warmup=25, rep=150, return_mode="median") * 1e3
-    del g
-    return t
+    return graph_us(fn, warmup=25, rep=150)
 
 
 def flashmla_status(device) -> tuple[bool, str]:

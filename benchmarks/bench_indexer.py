@@ -22,6 +22,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
@@ -33,6 +34,9 @@ from sglang_dsv41.kernels.indexer import ops
 from sglang_dsv41.kernels.indexer import testing as tt
 from sglang_dsv41.kv.records import unpack_index_k
 from sglang_dsv41.layers.index_math import pool_mask
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from graph_timing import graph_us  # noqa: E402  (benchmarks/ is not a package)
 
 P = 64
 REC = 68
@@ -115,17 +119,6 @@ def flat(a):
 def bf16_keys(index_k):
     """The bf16 key cache [S, DI] a torch user might keep beside the records (built untimed)."""
     return torch.cat([unpack_index_k(c).to(torch.bfloat16) for c in index_k.split(1 << 20)])
-
-
-def graph_us(fn):
-    """Median us of one CUDA-graph replay of fn() (L2 flushed before each replay)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(g.replay, warmup=10, rep=60, return_mode="median") * 1e3
 
 
 def events_us(fn, n=3):

@@ -22,21 +22,27 @@ from triton.compiler import ASTSource
 
 from sglang_dsv41.kernels.sparse_attn.triton_kernel import sparse_attn_kernel
 
-VARIANTS = [  # block_h, block_n, num_warps, swap, skew, prefetch
-    (16, 64, 4, True, False, True),
-    (16, 64, 4, True, False, False),
-    (16, 32, 4, True, False, True),
-    (16, 64, 4, True, True, True),
-    (32, 64, 4, True, False, True),
-    (32, 64, 8, True, True, True),
-    (16, 32, 4, False, False, False),
-    (64, 32, 8, False, False, False),
-    (64, 32, 8, False, False, True),
-    (64, 32, 8, False, True, False),
-    (64, 64, 8, False, True, False),
-    (64, 64, 8, False, False, False),
-    (64, 128, 8, True, False, False),
+# block_h, block_n, num_warps, then swap, skew, prefetch (1 = True); one variant a row
+_VARIANT_TABLE = """
+ 16   64  4 1 0 1
+ 16   64  4 1 0 0
+ 16   32  4 1 0 1
+ 16   64  4 1 1 1
+ 32   64  4 1 0 1
+ 32   64  8 1 1 1
+ 16   32  4 0 0 0
+ 64   32  8 0 0 0
+ 64   32  8 0 0 1
+ 64   32  8 0 1 0
+ 64   64  8 0 1 0
+ 64   64  8 0 0 0
+ 64  128  8 1 0 0
+"""
+VARIANTS = [
+    (*map(int, row[:3]), *(bool(int(x)) for x in row[3:]))
+    for row in map(str.split, _VARIANT_TABLE.strip().splitlines())
 ]
+
 
 SIG = {
     "q_ptr": "*bf16",

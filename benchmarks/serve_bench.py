@@ -240,6 +240,14 @@ def _curve(run: dict, shape, key: str):
     return [p["max_concurrency"] for p in pts], [p.get(key) for p in pts]
 
 
+def _save(plt, fig, title: str, png) -> None:
+    """Title the figure, lay it out, write it as a PNG and close it."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
 def _axes_style(ax, title: str, ylabel: str, log_y: bool = False, ticks=()) -> None:
     ax.set_xscale("log", base=2)
     if ticks:
@@ -264,10 +272,7 @@ def plot_run(run: dict, throughput_png: Path, latency_png: Path) -> None:
     ticks = _concurrencies(run)
     _axes_style(axes[0], "output tokens/s", "tokens/s", ticks=ticks)
     _axes_style(axes[1], "requests/s", "requests/s", ticks=ticks)
-    fig.suptitle(f"{name}: throughput against concurrency")
-    fig.tight_layout()
-    fig.savefig(throughput_png, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, f"{name}: throughput against concurrency", throughput_png)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, shape in enumerate(_shapes(run)):
         for ax, metric in zip(axes, ("ttft", "tpot"), strict=True):
@@ -276,10 +281,7 @@ def plot_run(run: dict, throughput_png: Path, latency_png: Path) -> None:
                 ax.plot(x, y, ls, marker="o", color=f"C{i}", label=f"in {shape[0]} {pct}")
     _axes_style(axes[0], "time to first token", "ms", log_y=True, ticks=ticks)
     _axes_style(axes[1], "time per output token", "ms", log_y=True, ticks=ticks)
-    fig.suptitle(f"{name}: latency percentiles (p50 solid, p90 dashed, p99 dotted)")
-    fig.tight_layout()
-    fig.savefig(latency_png, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, f"{name}: latency percentiles (p50 solid, p90 dashed, p99 dotted)", latency_png)
 
 
 def plot_compare(a: dict, b: dict, png: Path) -> None:
@@ -306,10 +308,7 @@ def plot_compare(a: dict, b: dict, png: Path) -> None:
     _axes_style(axes[0], "output tokens/s", "tokens/s", ticks=ticks)
     _axes_style(axes[1], "TTFT (p50 solid, p99 dotted)", "ms", log_y=True, ticks=ticks)
     _axes_style(axes[2], "TPOT (p50 solid, p99 dotted)", "ms", log_y=True, ticks=ticks)
-    fig.suptitle(f"{a['label'] or 'A'} vs {b['label'] or 'B'}")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, f"{a['label'] or 'A'} vs {b['label'] or 'B'}", png)
 
 
 def main(argv=None) -> int:

@@ -5,20 +5,17 @@ Greedy generation by full recomputation with the oracle; prints one JSON object 
 `output_ids` and `text`.
 """
 
-import argparse
 import json
 import sys
 import time
 
 import torch
 
+from sglang_dsv41.tools.cli import cli_parser
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m sglang_dsv41.reference",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = cli_parser("sglang_dsv41.reference", __doc__)
     ap.add_argument("--model", required=True, help="checkpoint directory")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--input-ids", help="comma-separated token ids")

@@ -20,12 +20,12 @@ next to the weights per GPU at TP8 / DP8 on 8xH200 and 8xB200 (tools/kv_capacity
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from sglang_dsv41.config import DeepseekV41Config, preset
 from sglang_dsv41.serving.geometry import PoolGeometry, swa_slots_needed
+from sglang_dsv41.tools.cli import cli_parser
 from sglang_dsv41.tools.kv_capacity import v4_record_bytes
 
 
@@ -140,11 +140,7 @@ def _text(rep: dict, name: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m sglang_dsv41.tools.kv_report",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = cli_parser("sglang_dsv41.tools.kv_report", __doc__)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="checkpoint directory (config.json)")
     src.add_argument("--preset", help="tiny | small | flash")

@@ -31,7 +31,6 @@ ones are diffuse, so these figures test the mechanism, they do not predict V4.1'
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -44,6 +43,7 @@ import torch
 from sglang_dsv41.config import REINDEX, REUSE
 from sglang_dsv41.layers.index_math import index_scores, topk_indices
 from sglang_dsv41.reference.attention import SharedState
+from sglang_dsv41.tools.cli import cli_parser
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -274,11 +274,7 @@ def cfg_ratio(rep: dict, layer: int) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m sglang_dsv41.tools.recall_report",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = cli_parser("sglang_dsv41.tools.recall_report", __doc__)
     ap.add_argument("--model", required=True, help="checkpoint directory")
     ap.add_argument("--prompts", help="text file to tokenize (default: the shipped corpora)")
     ap.add_argument("--contexts", help="comma-separated context lengths (default 128, 256, ..)")

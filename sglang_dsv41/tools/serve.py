@@ -21,24 +21,22 @@ def models_dir() -> Path:
     return Path(os.environ.get("DSV41_MODELS", Path.home() / ".cache" / "sglang-dsv41" / "models"))
 
 
+def write_checkpoint(
+    out, preset: str = "tiny", tool: str = "make_checkpoint", force: bool = False, **run_kw
+) -> str:
+    """`python -m sglang_dsv41.tools.<tool> --preset <preset> --out <out> [--force]` in a
+    subprocess (check=True; `run_kw` go to subprocess.run); returns `out` as a string."""
+    cmd = [sys.executable, "-m", f"sglang_dsv41.tools.{tool}", "--preset", preset]
+    subprocess.run(cmd + ["--out", str(out)] + (["--force"] if force else []), check=True, **run_kw)
+    return str(out)
+
+
 def ensure_tiny() -> str:
     out = models_dir() / "tiny"
     if not (out / "config.json").exists() or not any(out.glob("*.safetensors")):
         out.parent.mkdir(parents=True, exist_ok=True)
         print(f"[serve] creating the tiny checkpoint in {out}", file=sys.stderr)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "sglang_dsv41.tools.make_checkpoint",
-                "--preset",
-                "tiny",
-                "--out",
-                str(out),
-                "--force",
-            ],
-            check=True,
-        )
+        write_checkpoint(out, force=True)
     return str(out)
 
 

@@ -16,56 +16,51 @@ from sglang_dsv41.serving.context import BatchContext, build_rows  # noqa: E402
 from sglang_dsv41.sglang.replay_tail import LateLayerTailMixin  # noqa: E402
 
 
-def _params(fn) -> list:
-    return list(inspect.signature(fn).parameters)
+def _params(fn) -> str:
+    """The parameter names of `fn`, in order, joined by spaces."""
+    return " ".join(inspect.signature(fn).parameters)
+
+
+def _source_with(fn, *parts) -> str:
+    """The source of `fn`, asserted to contain each of `parts`."""
+    src = inspect.getsource(fn)
+    for part in parts:
+        assert part in src, part
+    return src
 
 
 def test_in_tree_classes_and_factories():
     assert issubclass(intree.MQALayer, intree.MqaAttentionBase)
     assert issubclass(intree.DeepseekV4DecoderLayer, intree.DeepseekV4DecoderLayerBase)
-    assert _params(intree.DeepseekV4ForCausalLM.__init__) == [
-        "self",
-        "config",
-        "quant_config",
-        "prefix",
-    ]
-    assert _params(intree.DeepseekV4DecoderLayerBase._build_self_attn) == [
-        "self",
-        "config",
-        "layer_id",
-        "quant_config",
-        "prefix",
-        "alt_streams",
-        "compress_ratio_override",
-    ]
+    assert _params(intree.DeepseekV4ForCausalLM.__init__) == "self config quant_config prefix"
+    assert (
+        _params(intree.DeepseekV4DecoderLayerBase._build_self_attn)
+        == "self config layer_id quant_config prefix alt_streams compress_ratio_override"
+    )
     # the model reads its layer class through this module global while it builds
     src = inspect.getsource(intree.DeepseekV4Model.__init__)
     assert "DeepseekV4DecoderLayer(" in src and "enable_decoder_swa_bounded_replay" in src
     assert "DecoderReplayTail.maybe_create" in src
     for name in ("_project_wo_b", "accepts_mxfp8_swizzled_input", "accepts_deepgemm_mxfp8_input"):
         assert callable(getattr(intree.MQALayer, name)), name
-    assert _params(intree.MQALayer._project_wo_b) == ["self", "o", "defer_all_reduce"]
+    assert _params(intree.MQALayer._project_wo_b) == "self o defer_all_reduce"
 
 
 def test_attention_forward_signature_is_the_in_tree_one():
     from sglang_dsv41.sglang.cuda_attention import DSV41CudaAttention
 
     assert _params(DSV41CudaAttention.forward) == _params(intree.MQALayer.forward)
-    assert _params(intree.MQALayer.forward) == [
-        "self",
-        "x",
-        "positions",
-        "forward_batch",
-        "x_quant",
-        "defer_all_reduce",
-    ]
+    assert (
+        _params(intree.MQALayer.forward)
+        == "self x positions forward_batch x_quant defer_all_reduce"
+    )
     src = inspect.getsource(intree.DeepseekV4CudaDecoderLayer._run_boundary_attention)
     assert "self.self_attn(" in src and "defer_all_reduce=True" in src
 
 
 def test_layer_members_the_adapter_reads():
-    src = inspect.getsource(intree.MqaAttentionBase.__init__)
-    for member in (
+    _source_with(
+        intree.MqaAttentionBase.__init__,
         "self.attn_tp_rank",
         "self.attn_tp_size",
         "self.n_local_groups",
@@ -78,31 +73,27 @@ def test_layer_members_the_adapter_reads():
         "self.kv_norm",
         "self.wo_a",
         "self.wo_b",
-    ):
-        assert member in src, member
+    )
     src = inspect.getsource(intree.MQALayer.__init__)
     assert "DeepseekV41Compressor(" in src and "DeepseekV41Indexer(" in src
     from sglang.srt.layers.attention.dsv4 import dsv41_sparse
 
-    src = inspect.getsource(dsv41_sparse.DeepseekV41Compressor.__init__)
-    for member in ("self.wkv_gate", "self.wkv", "self.wgate", "self.norm"):
-        assert member in src, member
-    src = inspect.getsource(dsv41_sparse.DeepseekV41Indexer.__init__)
-    for member in ("self.wq_b", "self.weights_proj", "self.wk", "self.k_norm"):
-        assert member in src, member
+    compressor = dsv41_sparse.DeepseekV41Compressor.__init__
+    _source_with(compressor, "self.wkv_gate", "self.wkv", "self.wgate", "self.norm")
+    indexer = dsv41_sparse.DeepseekV41Indexer.__init__
+    _source_with(indexer, "self.wq_b", "self.weights_proj", "self.wk", "self.k_norm")
 
 
 def test_replay_tail_protocol_calls():
     """The in-tree layer loop's calls into the backend, as the mixin implements them."""
-    src = inspect.getsource(intree.DeepseekV4Model._forward_layers_hc_pre_from_prev)
-    for call in (
+    src = _source_with(
+        intree.DeepseekV4Model._forward_layers_hc_pre_from_prev,
         "attn_backend.tail_forward_metadata.late_layer_tail",
         "attn_backend.write_tail_source_kv(",
         "attn_backend.enter_late_layer_tail(forward_batch)",
         "attn_backend.exit_late_layer_tail(saved_full, forward_batch)",
         "attn_backend.prefill_graph_late_layer_saved",
-    ):
-        assert call in src, call
+    )
     for kw in ("layer=", "x=", "positions=", "forward_batch="):
         assert kw in src.split("attn_backend.write_tail_source_kv(")[1].split(")")[0], kw
     from sglang.srt.layers.attention.deepseek_v4_backend import LateLayerTail

@@ -257,18 +257,19 @@ def test_all_zero_tiles(layout):
     assert torch.signbit(y[1]).all() == (layout is not Layout.INDEX_K)
 
 
-def _bad_tile(layout, bad, where, seed):
-    """x fp32 [64] with `bad` at position `where` of tile 1, and the tile's slice."""
+def _bad_tiles(layout, bad):
+    """For every 5th position `where` of tile 1: (where, x, t), x fp32 [64] (seeded by `where`)
+    with `bad` at that position, t the tile's slice."""
     tile = TILE[layout]
-    x = torch.randn(64, generator=torch.Generator().manual_seed(seed))
-    x[tile + where] = bad
-    return x, slice(tile, 2 * tile)
+    for where in range(0, tile, 5):
+        x = torch.randn(64, generator=torch.Generator().manual_seed(where))
+        x[tile + where] = bad
+        yield where, x, slice(tile, 2 * tile)
 
 
 @pytest.mark.parametrize("bad", [NAN, INF, -INF])
 def test_v41_non_finite_poisons_only_its_tile(bad):
-    for where in range(0, 32, 5):
-        x, t = _bad_tile(Layout.V41, bad, where, where)
+    for _where, x, t in _bad_tiles(Layout.V41, bad):
         rec = pack_v41(x)
         assert rec[64:].tolist()[1] == 0xFF and 0xFF not in rec[64:].tolist()[::2]
         if math.isnan(bad):
@@ -283,8 +284,7 @@ def test_v41_non_finite_poisons_only_its_tile(bad):
 
 @pytest.mark.parametrize("bad", [NAN, INF, -INF])
 def test_v41_fp4_non_finite_tile(bad):
-    for where in range(0, 16, 5):
-        x, t = _bad_tile(Layout.V41_FP4, bad, where, where)
+    for where, x, t in _bad_tiles(Layout.V41_FP4, bad):
         rec = pack_v41_fp4(x)
         scales = rec[32:].tolist()
         y = unpack_v41_fp4(rec)
@@ -300,8 +300,7 @@ def test_v41_fp4_non_finite_tile(bad):
 
 @pytest.mark.parametrize("bad", [NAN, INF, -INF])
 def test_index_k_non_finite_tile(bad):
-    for where in range(0, 32, 5):
-        x, t = _bad_tile(Layout.INDEX_K, bad, where, where)
+    for where, x, _t in _bad_tiles(Layout.INDEX_K, bad):
         rec = pack_index_k(x)
         y = unpack_index_k(rec)
         rest = torch.cat((x[:32], x[64:]))

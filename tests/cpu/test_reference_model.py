@@ -96,24 +96,15 @@ def test_fp8_main_kv_selectable(tiny_dir):
     assert err8 < err4 / 3  # V41 (e4m3) is a much finer record than V41_FP4
 
 
+def _cli(tiny_dir, input_ids: str, *extra) -> subprocess.CompletedProcess:
+    """`python -m sglang_dsv41.reference --model tiny_dir --input-ids ... --max-new-tokens 3`."""
+    cmd = [sys.executable, "-m", "sglang_dsv41.reference", "--model", str(tiny_dir)]
+    cmd += ["--input-ids", input_ids, "--max-new-tokens", "3", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
 def test_cli_prints_json(tiny_dir):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sglang_dsv41.reference",
-            "--model",
-            str(tiny_dir),
-            "--input-ids",
-            "5,6,7,8,9",
-            "--max-new-tokens",
-            "3",
-            "--no-replay",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _cli(tiny_dir, "5,6,7,8,9", "--no-replay")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(out["output_ids"]) == 3
@@ -122,22 +113,7 @@ def test_cli_prints_json(tiny_dir):
 
 
 def test_cli_rejects_bad_input(tiny_dir):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sglang_dsv41.reference",
-            "--model",
-            str(tiny_dir),
-            "--input-ids",
-            "5,x",
-            "--max-new-tokens",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _cli(tiny_dir, "5,x")
     assert r.returncode == 2 and "integers" in r.stderr
 
 

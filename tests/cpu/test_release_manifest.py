@@ -53,46 +53,52 @@ def test_released_config_parses(flash_cfg):
     assert "vision_config" in c.extra
 
 
-# (name, shape, dtype) facts of docs/design.md 2.7 and docs/release_format.md
+# (name, shape, dtype) facts of docs/design.md 2.7 and docs/release_format.md, one a row:
+# the name, the shape (sizes joined by "x"), the dtype (a name of DTYPES)
+DTYPES = dict(E4M3=E4M3, UE8M0=UE8M0, I8=I8, BF16=BF16, F32=F32)
+_FACTS_TABLE = """
+layers.5.attn.wq_a.weight                       1280x5120  E4M3
+layers.5.attn.wq_a.scale                           40x160  UE8M0
+layers.5.attn.wq_b.weight                      32768x1280  E4M3
+layers.5.attn.wkv.weight                         512x5120  E4M3
+layers.5.attn.wo_a.weight                       8192x4096  E4M3
+layers.5.attn.wo_a.scale                          256x128  UE8M0
+layers.5.attn.wo_b.weight                       5120x8192  E4M3
+layers.5.attn.wo_b.scale                          160x256  UE8M0
+layers.5.attn.attn_sink                                64  F32
+layers.5.attn.q_norm.weight                          1280  BF16
+layers.2.attn.compressor.wkv.weight              512x5120  BF16
+layers.2.attn.compressor.wgate.weight            512x5120  BF16
+layers.20.attn.compressor.norm.weight                 512  BF16
+layers.2.attn.indexer.wk.weight                   128x512  BF16
+layers.2.attn.indexer.k_norm.weight                   128  BF16
+layers.24.attn.indexer.wq_b.weight              4096x1280  E4M3
+layers.24.attn.indexer.weights_proj.weight        32x5120  BF16
+layers.7.ffn.gate.weight                         384x5120  BF16
+layers.7.ffn.gate.bias                                384  F32
+layers.7.ffn.gate.bias_vl                             384  F32
+layers.7.ffn.experts.383.w1.weight              2304x2560  I8
+layers.7.ffn.experts.383.w1.scale                2304x160  UE8M0
+layers.7.ffn.experts.0.w3.weight                2304x2560  I8
+layers.7.ffn.experts.0.w2.weight                5120x1152  I8
+layers.7.ffn.experts.0.w2.scale                   5120x72  UE8M0
+layers.7.ffn.shared_experts.w1.weight           2304x5120  E4M3
+layers.7.ffn.shared_experts.w2.scale               160x72  UE8M0
+layers.9.hc_attn_fn                              24x20480  F32
+layers.9.hc_ffn_base                                   24  F32
+layers.9.hc_ffn_scale                                   3  F32
+layers.9.attn_norm.weight                            5120  BF16
+layers.1.engram.embed.weight                384006168x256  E4M3
+layers.1.engram.embed.scale                   384006168x8  UE8M0
+layers.14.engram.wkv.weight                    25600x6144  E4M3
+layers.14.engram.q_weight                          4x5120  BF16
+embed.weight                                  129280x5120  BF16
+head.weight                                   129280x5120  BF16
+norm.weight                                          5120  BF16
+"""
 FACTS = [
-    ("layers.5.attn.wq_a.weight", (1280, 5120), E4M3),
-    ("layers.5.attn.wq_a.scale", (40, 160), UE8M0),
-    ("layers.5.attn.wq_b.weight", (32768, 1280), E4M3),
-    ("layers.5.attn.wkv.weight", (512, 5120), E4M3),
-    ("layers.5.attn.wo_a.weight", (8192, 4096), E4M3),
-    ("layers.5.attn.wo_a.scale", (256, 128), UE8M0),
-    ("layers.5.attn.wo_b.weight", (5120, 8192), E4M3),
-    ("layers.5.attn.wo_b.scale", (160, 256), UE8M0),
-    ("layers.5.attn.attn_sink", (64,), F32),
-    ("layers.5.attn.q_norm.weight", (1280,), BF16),
-    ("layers.2.attn.compressor.wkv.weight", (512, 5120), BF16),
-    ("layers.2.attn.compressor.wgate.weight", (512, 5120), BF16),
-    ("layers.20.attn.compressor.norm.weight", (512,), BF16),
-    ("layers.2.attn.indexer.wk.weight", (128, 512), BF16),
-    ("layers.2.attn.indexer.k_norm.weight", (128,), BF16),
-    ("layers.24.attn.indexer.wq_b.weight", (4096, 1280), E4M3),
-    ("layers.24.attn.indexer.weights_proj.weight", (32, 5120), BF16),
-    ("layers.7.ffn.gate.weight", (384, 5120), BF16),
-    ("layers.7.ffn.gate.bias", (384,), F32),
-    ("layers.7.ffn.gate.bias_vl", (384,), F32),
-    ("layers.7.ffn.experts.383.w1.weight", (2304, 2560), I8),
-    ("layers.7.ffn.experts.383.w1.scale", (2304, 160), UE8M0),
-    ("layers.7.ffn.experts.0.w3.weight", (2304, 2560), I8),
-    ("layers.7.ffn.experts.0.w2.weight", (5120, 1152), I8),
-    ("layers.7.ffn.experts.0.w2.scale", (5120, 72), UE8M0),
-    ("layers.7.ffn.shared_experts.w1.weight", (2304, 5120), E4M3),
-    ("layers.7.ffn.shared_experts.w2.scale", (160, 72), UE8M0),
-    ("layers.9.hc_attn_fn", (24, 20480), F32),
-    ("layers.9.hc_ffn_base", (24,), F32),
-    ("layers.9.hc_ffn_scale", (3,), F32),
-    ("layers.9.attn_norm.weight", (5120,), BF16),
-    ("layers.1.engram.embed.weight", (384006168, 256), E4M3),
-    ("layers.1.engram.embed.scale", (384006168, 8), UE8M0),
-    ("layers.14.engram.wkv.weight", (25600, 6144), E4M3),
-    ("layers.14.engram.q_weight", (4, 5120), BF16),
-    ("embed.weight", (129280, 5120), BF16),
-    ("head.weight", (129280, 5120), BF16),
-    ("norm.weight", (5120,), BF16),
+    (name, tuple(int(n) for n in shape.split("x")), DTYPES[dtype])
+    for name, shape, dtype in map(str.split, _FACTS_TABLE.strip().splitlines())
 ]
 
 

@@ -4,12 +4,12 @@ scope), and the reference's greedy outputs (computed once per prompt and replay 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from e2e.server import Server
+
+from sglang_dsv41.tools.serve import write_checkpoint
 
 MAX_NEW = 6
 
@@ -17,21 +17,7 @@ MAX_NEW = 6
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt") / "tiny"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sglang_dsv41.tools.make_checkpoint",
-            "--preset",
-            "tiny",
-            "--out",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return str(out)
+    return write_checkpoint(out, capture_output=True, timeout=300)
 
 
 def prompt_set(vocab: int, seed: int = 1234) -> list:
@@ -76,6 +62,15 @@ RETRACTED = r"Testing retraction\. #retracted_reqs: [1-9]"
 def start_server(tmp_path_factory, tiny_dir, name: str, *args, env=None) -> Server:
     log = tmp_path_factory.mktemp("logs") / f"{name}.log"
     return Server(tiny_dir, str(log), args, env)
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory, tiny_dir):
+    """The tiny model's server as the test module declares it: `SERVER = (name, args, env)`."""
+    name, args, env = request.module.SERVER
+    s = start_server(tmp_path_factory, tiny_dir, name, *args, env=env)
+    yield s
+    s.stop()
 
 
 def pytest_configure(config):

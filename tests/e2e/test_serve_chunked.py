@@ -7,24 +7,18 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-from e2e.conftest import MAX_NEW, RETRACT_ENV, RETRACTED, start_server
+from e2e.conftest import MAX_NEW, RETRACT_ENV, RETRACTED
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_dir):
-    s = start_server(
-        tmp_path_factory,
-        tiny_dir,
-        "chunked",
+SERVER = (
+    "chunked",
+    (
         "--no-enable-decoder-swa-bounded-replay",
         "--chunked-prefill-size",
         "38",
         "--enable-mixed-chunk",
-        env=RETRACT_ENV,
-    )
-    yield s
-    s.stop()
+    ),
+    RETRACT_ENV,
+)
 
 
 def test_chunked_prefill_equals_reference(server, oracle, prompts):

@@ -5,12 +5,11 @@ requests one at a time (see docs/serving.md on fp32 batch-shape effects)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from e2e.server import Server
+
+from sglang_dsv41.tools.serve import write_checkpoint
 
 NEW = 5
 
@@ -18,21 +17,9 @@ NEW = 5
 @pytest.fixture(scope="module")
 def release_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt") / "flash-mini"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sglang_dsv41.tools.release_checkpoint",
-            "--preset",
-            "flash-mini",
-            "--out",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
+    return write_checkpoint(
+        out, "flash-mini", tool="release_checkpoint", capture_output=True, timeout=300
     )
-    return str(out)
 
 
 @pytest.fixture(scope="module")

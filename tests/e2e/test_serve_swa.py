@@ -16,29 +16,24 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-from e2e.conftest import MAX_NEW, start_server
+from e2e.conftest import MAX_NEW
 
 CHUNK, PAGE, INTERVAL = 64, 2, 8
 LONG = 2000  # decode tokens: 125 windows of the tiny model (minutes on a CPU server)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_dir):
-    s = start_server(
-        tmp_path_factory,
-        tiny_dir,
-        "swa",
+SERVER = (
+    "swa",
+    (
         "--no-enable-decoder-swa-bounded-replay",
         "--enable-metrics",
         "--max-running-requests",
         "2",
         "--chunked-prefill-size",
         str(CHUNK),
-        env={"SGLANG_SWA_EVICTION_INTERVAL": str(INTERVAL)},
-    )
-    yield s
-    s.stop()
+    ),
+    {"SGLANG_SWA_EVICTION_INTERVAL": str(INTERVAL)},
+)
 
 
 def metric(server, name: str) -> float:

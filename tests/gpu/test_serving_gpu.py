@@ -101,6 +101,12 @@ def _compare(ref, prompts, got, new, replay):
     return rows
 
 
+@pytest.fixture(params=["chunked", "replay"])
+def case(request) -> str:
+    """The serving case a test runs (`_case`): chunked prefill, or decoder bounded replay."""
+    return request.param
+
+
 def _case(ref, case):
     """(prompts, chunk, floors, replay, rings: the pool's replay layout)."""
     from sglang_dsv41.serving.toy import prompts
@@ -183,7 +189,6 @@ class Probe:
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("case", ["chunked", "replay"])
 def test_kernels_equal_references_inside_serving(models, report, monkeypatch, case):
     from sglang_dsv41.kernels.dispatch import Path, device_paths
     from sglang_dsv41.serving.toy import ToyEngine, serve
@@ -233,7 +238,6 @@ def _forced(model, dev, ps, chunk, floors, ring, tokens):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("case", ["chunked", "replay"])
 def test_kernel_path_against_cpu_reference(models, report, monkeypatch, case):
     from sglang_dsv41.serving.toy import ToyEngine, serve
 
