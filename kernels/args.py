@@ -148,6 +148,13 @@ class SparseKV:
                 _need(slots.dim() == 2, f"{name}_slots", f"[T, N], got {tuple(slots.shape)}")
             if cache is not None:
                 _need(cache.dtype == torch.uint8, f"{name}_cache", f"uint8, got {cache.dtype}")
+        if self.topk_decoded is not None:
+            _need(
+                self.topk_slots is not None
+                and self.topk_decoded.index.shape == self.topk_slots.shape,
+                "topk_decoded",
+                "the records of topk_slots (an index of its shape)",
+            )
 
     def check_dim(self, D: int) -> None:
         """Raise unless the caches hold records of D values."""
