@@ -81,6 +81,7 @@ class AttentionView:
     H * D / G]; wo_b maps [T, o_groups * o_lora_rank] to [T, hidden] (a partial sum under TP).
     """
 
+    compute_dtype = MqaAttentionBase.compute_dtype
     query = MqaAttentionBase.query
     swa_kv = MqaAttentionBase.swa_kv
     main_kv = MqaAttentionBase.main_kv
