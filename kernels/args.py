@@ -6,6 +6,7 @@ must agree) and names the field in its error. Nothing here syncs with the device
     PagedIndexK       the index-K pool as T indexer queries read it (records or split pages)
     IndexerGeometry   top-k, candidate-pool blocks and candidate block size, from the config
     SparseKV          the SWA and top-k slot lists one sparse-attention call reads
+    DecodedRecords    a slot list's records decoded once (the CPU reference, shared by layers)
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ class SparseKV:
     kv_cache    uint8 [..., record_bytes(kv_layout, D)] the source layer's main KV, or None
     topk_slots  int [T, TOPK] slots into kv_cache, or None (SWA-only layers)
     kv_layout   Layout.V41_FP4 or Layout.V41: the main-KV record (from the config)
+    topk_decoded  the records of topk_slots already decoded (DecodedRecords), or None; only the
+                torch reference reads it (layers that share a top-k list decode it once), the
+                fast paths read the records
     """
 
     swa_cache: Tensor | None
@@ -127,6 +131,7 @@ class SparseKV:
     kv_cache: Tensor | None
     topk_slots: Tensor | None
     kv_layout: Layout
+    topk_decoded: DecodedRecords | None = None
 
     def __post_init__(self):
         _need(
@@ -143,6 +148,13 @@ class SparseKV:
                 _need(slots.dim() == 2, f"{name}_slots", f"[T, N], got {tuple(slots.shape)}")
             if cache is not None:
                 _need(cache.dtype == torch.uint8, f"{name}_cache", f"uint8, got {cache.dtype}")
+        if self.topk_decoded is not None:
+            _need(
+                self.topk_slots is not None
+                and self.topk_decoded.index.shape == self.topk_slots.shape,
+                "topk_decoded",
+                "the records of topk_slots (an index of its shape)",
+            )
 
     def check_dim(self, D: int) -> None:
         """Raise unless the caches hold records of D values."""
@@ -156,3 +168,15 @@ class SparseKV:
                 "kv_cache",
                 f"[..., {B}] {self.kv_layout.name} records at D={D}",
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodedRecords:
+    """The records of one slot list [T, N] decoded once (kernels.sparse_attn.ref.decode_records).
+
+    values  fp32 [U + 1, D]: the U distinct records, then one zero row
+    index   int64 [T, N]: row of `values` per slot, U (the zero row) where the slot is -1
+    """
+
+    values: Tensor
+    index: Tensor

@@ -17,7 +17,14 @@ import torch
 
 from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK
 from sglang_dsv41.kv.records import unpack_index_k
-from sglang_dsv41.layers.index_math import candidate_blocks, index_scores, pool_mask, topk_indices
+from sglang_dsv41.layers.index_math import (
+    candidate_blocks,
+    head_sum,
+    index_scores,
+    pool_mask,
+    topk_indices,
+)
+from sglang_dsv41.layers.linear import stable_linear
 
 NEG_INF = float("-inf")
 
@@ -34,9 +41,10 @@ def paged_records(kv: PagedIndexK, page_table: torch.Tensor, n: int) -> torch.Te
 def paged_scores(qI, w, kv: PagedIndexK, n=None, chunk=8):
     """I[t, s] for s < n (default kv.max_entries): fp32 [T, n], -inf where s >= n_visible[t].
 
-    Dequantizes the whole visible span of every request (O(N) per query). On CPU consecutive
-    queries of one request (a prefill run) share one decode of its keys and one scoring product;
-    elsewhere queries go `chunk` at a time with no host sync (CUDA-graph capturable).
+    Dequantizes the whole visible span of every request (O(N) per query). On CPU the keys of
+    every run of consecutive queries of one request (a prefill run, a decode row) are decoded in
+    one go and each run takes one scoring product; elsewhere queries go `chunk` at a time with no
+    host sync (CUDA-graph capturable).
     """
     T = qI.shape[0]
     n = kv.max_entries if n is None else n
@@ -44,14 +52,22 @@ def paged_scores(qI, w, kv: PagedIndexK, n=None, chunk=8):
     vis = torch.arange(n, device=qI.device)[None, :] < kv.n_visible.long()[:, None]  # [T, n]
     req = kv.req_ids.long()
     if qI.device.type == "cpu":
+        if T == 0:
+            return out
         starts = torch.ones(T, dtype=torch.bool)
         starts[1:] = req[1:] != req[:-1]
         bounds = starts.nonzero().flatten().tolist() + [T]
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            keys = unpack_index_k(paged_records(kv, kv.page_table[req[a] : req[a] + 1], n))
-            s = index_scores(qI[a:b], w[a:b], keys[0])  # [t, n]
-            out[a:b] = torch.where(vis[a:b], s, out[a:b])
-        return out
+        table = kv.page_table[req[bounds[:-1]]]  # one row per run
+        keys = unpack_index_k(paged_records(kv, table, n))  # [runs, n, DI]
+        HI = qI.shape[1]
+        q = qI.float().reshape(T * HI, -1)  # [T HI, DI]
+        dots = torch.cat(
+            [
+                stable_linear(q[a * HI : b * HI], keys[r].float())
+                for r, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+            ]
+        )  # [T HI, n]
+        return torch.where(vis, head_sum(w, dots.view(T, HI, n)), out)
     for t0 in range(0, T, chunk):
         rows = slice(t0, min(T, t0 + chunk))
         keys = unpack_index_k(paged_records(kv, kv.page_table[req[rows]], n))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sglang_dsv41.kernels.args import SparseKV
+from sglang_dsv41.kernels.args import DecodedRecords, SparseKV
 from sglang_dsv41.kv.records import Layout, record_bytes, unpack
-from sglang_dsv41.layers.sparse_attention import sparse_attention
+from sglang_dsv41.layers.sparse_attention import attend_keys, sparse_attention
 
 
 def gather_records(cache: Tensor, slots: Tensor, layout: Layout, dim: int) -> Tensor:
@@ -25,18 +25,45 @@ def gather_records(cache: Tensor, slots: Tensor, layout: Layout, dim: int) -> Te
     return torch.where((slots >= 0)[..., None], k, torch.zeros((), dtype=k.dtype, device=k.device))
 
 
-def _decoded_once(cache, slots, layout, D):
-    """CPU: (values fp32 [U, D], index int64 [T, N] into them) with every distinct record of
-    `slots` decoded once; a prefill's queries share most of their keys. None elsewhere (the
-    distinct count is a host sync, and the GPU reference must stay graph-capturable)."""
-    if slots is None or slots.device.type != "cpu" or slots.shape[0] < 2:
-        return None
-    flat = cache.view(-1, record_bytes(layout, D))
-    uniq, index = torch.unique(slots.clamp(min=0).long(), return_inverse=True)
-    return unpack(layout, flat[uniq]), index
+def decode_records(cache: Tensor, slots: Tensor, layout: Layout, dim: int) -> DecodedRecords:
+    """Every distinct record of slots [T, N] (int, -1 = none) decoded once, on the CPU: a
+    prefill's queries share most of their keys, and layers that share a top-k list can share its
+    decode (SparseKV.topk_decoded). The distinct count is a host sync: the GPU reference gathers
+    per row instead, to stay graph-capturable."""
+    flat = cache.view(-1, record_bytes(layout, dim))
+    if slots.shape[0] < 2:  # one query: its slots are the records
+        uniq = slots.clamp(min=0).long().flatten()
+        index = torch.arange(uniq.numel(), device=slots.device).view(slots.shape)
+    else:
+        uniq, index = torch.unique(slots.clamp(min=0).long(), return_inverse=True)
+    values = unpack(layout, flat[uniq])  # [U, D]
+    values = torch.cat((values, values.new_zeros(1, dim)))
+    return DecodedRecords(values, torch.where(slots >= 0, index, uniq.numel()))
 
 
-def _keys(cache, slots, layout, rows: slice, q: Tensor, decoded) -> tuple[Tensor, Tensor]:
+def _joined(q: Tensor, kv: SparseKV) -> tuple[DecodedRecords, Tensor]:
+    """CPU: (the call's SWA and top-k records decoded once, joined: index [T, S] into values,
+    S = W + TOPK, SWA slots first; ok bool [T, S])."""
+    T, D = q.shape[0], q.shape[-1]
+    parts = []
+    if kv.swa_slots is not None:
+        parts.append((decode_records(kv.swa_cache, kv.swa_slots, Layout.V41, D), kv.swa_slots))
+    if kv.topk_slots is not None:
+        top = kv.topk_decoded or decode_records(kv.kv_cache, kv.topk_slots, kv.kv_layout, D)
+        parts.append((top, kv.topk_slots))
+    if not parts:
+        none = DecodedRecords(q.new_zeros(1, D, dtype=torch.float32), q.new_zeros(T, 0).long())
+        return none, torch.zeros(T, 0, dtype=torch.bool, device=q.device)
+    if len(parts) == 1:
+        dec, slots = parts[0]
+        return dec, slots >= 0
+    (a, sa), (b, sb) = parts
+    values = torch.cat((a.values, b.values))
+    index = torch.cat((a.index, b.index + a.values.shape[0]), dim=1)
+    return DecodedRecords(values, index), torch.cat((sa >= 0, sb >= 0), dim=1)
+
+
+def _keys(cache, slots, layout, rows: slice, q: Tensor) -> tuple[Tensor, Tensor]:
     """(keys fp32 [t, N, D], valid bool [t, N]) of one slot list, [t, 0, D] when absent."""
     t, D = rows.stop - rows.start, q.shape[-1]
     if slots is None:
@@ -44,12 +71,7 @@ def _keys(cache, slots, layout, rows: slice, q: Tensor, decoded) -> tuple[Tensor
             t, 0, dtype=torch.bool, device=q.device
         )
     s = slots[rows]
-    ok = s >= 0
-    if decoded is None:
-        return gather_records(cache, s, layout, D), ok
-    values, index = decoded
-    k = values[index[rows]]  # [t, N, D]
-    return torch.where(ok[..., None], k, k.new_zeros(())), ok
+    return gather_records(cache, s, layout, D), s >= 0
 
 
 def sparse_attention_ref(
@@ -76,16 +98,24 @@ def sparse_attention_ref(
     scale = D**-0.5 if scale is None else scale
     sink = attn_sink if attn_sink is not None else q.new_full((H,), float("-inf"))
     out = torch.empty(T, H, D, dtype=out_dtype or q.dtype, device=q.device)
-    swa = (kv.swa_cache, kv.swa_slots, Layout.V41)
-    top = (kv.kv_cache, kv.topk_slots, kv.kv_layout)
-    swa_dec, top_dec = (_decoded_once(*src, D) for src in (swa, top))
     if chunk is None:
         n_keys = sum(s.shape[1] for s in (kv.swa_slots, kv.topk_slots) if s is not None)
         chunk = max(64, (64 << 20) // (4 * D * max(n_keys, 1)))
+    if q.device.type == "cpu":
+        joined, ok = _joined(q, kv)
+        for t0 in range(0, T, chunk):
+            rows = slice(t0, min(T, t0 + chunk))
+            keys = joined.values[joined.index[rows]]  # [t, S, D], zeros at -1 slots
+            o = attend_keys(q[rows], keys, ok[rows], sink, scale, compute_dtype)
+            seen = ok[rows].any(dim=1)  # [t]
+            out[rows] = torch.where(seen[:, None, None], o, o.new_zeros(()))
+        return out
+    swa = (kv.swa_cache, kv.swa_slots, Layout.V41)
+    top = (kv.kv_cache, kv.topk_slots, kv.kv_layout)
     for t0 in range(0, T, chunk):
         rows = slice(t0, min(T, t0 + chunk))
-        k_swa, swa_ok = _keys(*swa, rows, q, swa_dec)
-        k_top, top_ok = _keys(*top, rows, q, top_dec)
+        k_swa, swa_ok = _keys(*swa, rows, q)
+        k_top, top_ok = _keys(*top, rows, q)
         o = sparse_attention(q[rows], k_swa, swa_ok, k_top, top_ok, sink, scale, compute_dtype)
         seen = torch.cat((swa_ok, top_ok), dim=1).any(dim=1)  # [t]
         out[rows] = torch.where(seen[:, None, None], o, o.new_zeros(()))

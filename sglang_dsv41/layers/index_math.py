@@ -21,7 +21,12 @@ def index_scores(qI: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> torch.Te
     """qI [T, HI, DI], w [T, HI], k [N, DI] -> fp32 [T, N]."""
     T, HI, DI = qI.shape
     dots = stable_linear(qI.float().reshape(T * HI, DI), k.float()).view(T, HI, -1)  # [T, HI, N]
-    # A plain sum over heads: its order does not depend on N (an einsum's batched GEMV would).
+    return head_sum(w, dots)
+
+
+def head_sum(w: torch.Tensor, dots: torch.Tensor) -> torch.Tensor:
+    """w [T, HI], dots fp32 [T, HI, N] (qI . k) -> fp32 [T, N]: sum_h w[t, h] ReLU(dots).
+    A plain sum over heads: its order does not depend on N (an einsum's batched GEMV would)."""
     return (w.float()[:, :, None] * dots.clamp_min(0)).sum(1)
 
 

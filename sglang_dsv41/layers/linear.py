@@ -19,21 +19,26 @@ MIN_ROWS = 16
 
 
 def _pad_rows(t: torch.Tensor) -> torch.Tensor:
+    """t [M, K] -> [max(M, MIN_ROWS), K], zero rows appended (t itself when tall enough)."""
     if t.shape[0] >= MIN_ROWS:
         return t
-    return torch.cat((t, t.new_zeros(MIN_ROWS - t.shape[0], t.shape[1])))
+    return torch.constant_pad_nd(t, (0, 0, 0, MIN_ROWS - t.shape[0]))
 
 
 def stable_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., K], w [N, K] -> x w^T [..., N], row-stable on CPU (see module docstring)."""
-    lead, K = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, K)
+    flat = x.dim() == 2
+    x2 = x if flat else x.reshape(-1, x.shape[-1])
     M, N = x2.shape[0], w.shape[0]
     if x2.device.type == "cpu" and M and N:
-        y = F.linear(_pad_rows(x2), _pad_rows(w))[:M, :N]
+        y = F.linear(_pad_rows(x2), _pad_rows(w))
+        if M < MIN_ROWS:
+            y = y[:M]
+        if N < MIN_ROWS:
+            y = y[:, :N]
     else:
         y = F.linear(x2, w)
-    return y.reshape(*lead, N)
+    return y if flat else y.reshape(*x.shape[:-1], N)
 
 
 class Linear(nn.Linear):

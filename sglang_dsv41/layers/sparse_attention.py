@@ -22,10 +22,24 @@ def sparse_attention(
     """q [T, H, D], k_swa [T, W, D], swa_ok bool [T, W], k_top [T, TOPK, D], top_ok bool
     [T, TOPK], sink fp32 [H] -> o [T, H, D] computed in `dtype` (default: fp32, fp64 for fp64
     queries)."""
+    kv = torch.cat((k_swa, k_top), dim=1)  # [T, W + TOPK, D]
+    ok = torch.cat((swa_ok, top_ok), dim=1)  # [T, W + TOPK]
+    return attend_keys(q, kv, ok, sink, scale, dtype)
+
+
+def attend_keys(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    ok: torch.Tensor,
+    sink: torch.Tensor,
+    scale: float,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """`sparse_attention` over its keys already joined: kv [T, S, D] (SWA keys, then top-k
+    keys), ok bool [T, S] -> o [T, H, D]."""
     if dtype is None:
         dtype = torch.promote_types(q.dtype, torch.float32)
-    kv = torch.cat((k_swa, k_top), dim=1).to(dtype)  # [T, W + TOPK, D]
-    ok = torch.cat((swa_ok, top_ok), dim=1)  # [T, W + TOPK]
+    kv = kv.to(dtype)
     logits = torch.einsum("thd,tsd->ths", q.to(dtype), kv) * scale  # [T, H, S]
     logits = logits.masked_fill(~ok[:, None, :], float("-inf"))
     sink_col = sink.to(dtype)[None, :, None].expand(q.shape[0], -1, 1)  # [T, H, 1]

@@ -25,8 +25,9 @@ from sglang_dsv41.config import FULL
 from sglang_dsv41.kernels import indexer as kidx
 from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK, SparseKV
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
+from sglang_dsv41.kernels.sparse_attn.ref import decode_records
 from sglang_dsv41.kv.pages import slot_of
-from sglang_dsv41.serving.context import BatchContext, Rows
+from sglang_dsv41.serving.context import BatchContext, Rows, part_of
 from sglang_dsv41.serving.stores import compress, write_swa
 
 
@@ -86,18 +87,37 @@ def topk_slots(cfg, isrc: int, rows: Rows, ctx: BatchContext, pool) -> torch.Ten
     return slots if rows.n == ctx.rows.n else slots[rows.ids]
 
 
+def topk_decoded(attn, kv: torch.Tensor, top: torch.Tensor, ctx: BatchContext):
+    """CPU: the records of `top` (the layer's rows' top-k slots in kv, from `topk_slots`) as
+    kernels.args.DecodedRecords, decoded once per forward for each part and index source and
+    shared by the layers that read them (the index source and its Reuse layers: same rows and
+    slots, in a kv source written before the first of them); None elsewhere (the fast paths
+    read the records)."""
+    if top.device.type != "cpu":
+        return None
+    cfg = attn.cfg
+    key = f"{part_of(attn)}:{cfg.index_source_of(attn.layer_id)}"
+    got = ctx.shared.topk_decoded.get(key)
+    if got is None:
+        got = decode_records(kv, top, cfg.main_kv_layout, cfg.head_dim)
+        ctx.shared.topk_decoded[key] = got
+    return got
+
+
 def attend(attn, q, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
     """Sparse attention of q fp32 [T, H, D] over the SWA window `swa` = write_swa's (cache,
     slots) and, for compressed layers, the top-k entries of the layer's index source in its kv
     source, plus the sink: o fp32 [T, H, D] (fp64 for fp64 q: the twin check)."""
     cfg, i = attn.cfg, attn.layer_id
-    kv = top = None
+    kv = top = decoded = None
     if attn.ratio != 0:
+        isrc = cfg.index_source_of(i)
         kv = pool.main[cfg.source_layer_of(i)]
-        top = topk_slots(cfg, cfg.index_source_of(i), rows, ctx, pool)
+        top = topk_slots(cfg, isrc, rows, ctx, pool)
+        decoded = topk_decoded(attn, kv, top, ctx)
     return sparse_attention(
         q,
-        SparseKV(swa[0], swa[1], kv, top, cfg.main_kv_layout),
+        SparseKV(swa[0], swa[1], kv, top, cfg.main_kv_layout, decoded),
         attn.attn_sink,
         attn.scale,
         out_dtype=torch.promote_types(q.dtype, torch.float32),

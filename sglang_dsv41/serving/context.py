@@ -17,6 +17,7 @@ import torch
 from sglang_dsv41.layers.rope import RopeAngles, rope_cos_sin
 
 if TYPE_CHECKING:
+    from sglang_dsv41.kernels.args import DecodedRecords
     from sglang_dsv41.serving.stores import PoolWindow, RingPlan
 
 
@@ -79,6 +80,8 @@ class ForwardShared:
                 (serving.stores.PoolWindow), shared by the layers of that part (same rows, floors)
     ring_plan   the ring layers' reads and writes (serving.stores.RingPlan), shared likewise
     rope        "part:kind" -> RopeAngles of the part's rows (see `angles`)
+    topk_decoded  "part:index source" -> the top-k records of the part's rows decoded once
+                (CPU: kernels.args.DecodedRecords, serving.attention.topk_decoded)
     """
 
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -88,6 +91,7 @@ class ForwardShared:
     swa_window: dict[str, PoolWindow] = field(default_factory=dict)
     ring_plan: RingPlan | None = None
     rope: dict[str, RopeAngles] = field(default_factory=dict)
+    topk_decoded: dict[str, DecodedRecords] = field(default_factory=dict)
 
     def angles(self, attn, rows: Rows) -> RopeAngles:
         """RoPE angles of `rows` under the layer's inv_freq, computed once per forward for each

@@ -13,8 +13,9 @@ from sglang_dsv41.kernels.sparse_attn import (
     sparse_attention_ref,
     swa_window_slots,
 )
-from sglang_dsv41.kernels.sparse_attn.ref import gather_records
+from sglang_dsv41.kernels.sparse_attn.ref import decode_records, gather_records
 from sglang_dsv41.kv.records import Layout, pack, unpack
+from sglang_dsv41.layers.sparse_attention import sparse_attention as attention_formula
 
 
 def _brute(q, swa, sw, kv, tk, layout, sink, scale):
@@ -86,6 +87,27 @@ def test_swa_only_and_dispatch_on_cpu():
         q, SparseKV(swa, sw, None, None, Layout.V41_FP4), out_dtype=torch.float32
     )
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_records_decoded_once_match_a_gather_per_row(rows):
+    """The CPU reference decodes each distinct record once (the top-k list possibly decoded by
+    the caller: SparseKV.topk_decoded); its bytes equal the per-row gather of the records."""
+    q, swa, sw, kv, tk = _case()
+    q, sw, tk = q[:rows], sw[:rows], tk[:rows]
+    sink, D = torch.randn(q.shape[1]), q.shape[-1]
+    k_swa, k_top = gather_records(swa, sw, Layout.V41, D), gather_records(kv, tk, Layout.V41_FP4, D)
+    o = attention_formula(q, k_swa, sw >= 0, k_top, tk >= 0, sink, D**-0.5)
+    seen = torch.cat((sw >= 0, tk >= 0), 1).any(1)[:, None, None]
+    expect = torch.where(seen, o, torch.zeros(()))
+    shared = decode_records(kv, tk, Layout.V41_FP4, D)
+    for decoded in (None, shared):
+        got = sparse_attention_ref(
+            q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4, decoded), sink, out_dtype=torch.float32
+        )
+        assert torch.equal(got, expect)
+    with pytest.raises(ValueError, match="topk_decoded"):
+        SparseKV(swa, sw, kv, tk[:, :3], Layout.V41_FP4, shared)
 
 
 def test_swa_window_slots_vs_brute_force():
