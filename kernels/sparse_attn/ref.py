@@ -93,7 +93,7 @@ def sparse_attention_ref(
     """
     T, H, D = q.shape
     kv.check_dim(D)
-    if q.dtype == torch.float64:
+    if q.dtype == torch.float64:  # the twin check: never round float64 queries down
         compute_dtype = torch.float64
     scale = D**-0.5 if scale is None else scale
     sink = attn_sink if attn_sink is not None else q.new_full((H,), float("-inf"))

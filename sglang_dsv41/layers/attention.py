@@ -15,6 +15,7 @@ from torch import nn
 
 from sglang_dsv41.config import FULL
 from sglang_dsv41.layers.compressor import Compressor
+from sglang_dsv41.layers.dtypes import compute_dtype
 from sglang_dsv41.layers.indexer import Indexer
 from sglang_dsv41.layers.linear import Linear, stable_linear
 from sglang_dsv41.layers.norm import RMSNorm
@@ -47,7 +48,7 @@ class MqaAttentionBase(nn.Module):
     def compute_dtype(self) -> torch.dtype:
         """Queries, attention and its output are fp32, or fp64 in a float64 model (the twin
         check, tools/twin_check.py); record values are fp32 before quantization either way."""
-        return torch.float64 if self.wq_b.weight.dtype == torch.float64 else torch.float32
+        return compute_dtype(self.wq_b.weight)
 
     def query(self, x: torch.Tensor, pos: torch.Tensor):
         """x [T, hidden], pos [T] -> (q [T, H, D] with RoPE, in compute_dtype; q_lora)."""

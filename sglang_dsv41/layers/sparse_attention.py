@@ -8,6 +8,8 @@ value. Masked slots contribute nothing; a row with no valid slot attends to the 
 
 import torch
 
+from sglang_dsv41.layers.dtypes import compute_dtype
+
 
 def sparse_attention(
     q: torch.Tensor,
@@ -38,7 +40,7 @@ def attend_keys(
     """`sparse_attention` over its keys already joined: kv [T, S, D] (SWA keys, then top-k
     keys), ok bool [T, S] -> o [T, H, D]."""
     if dtype is None:
-        dtype = torch.promote_types(q.dtype, torch.float32)
+        dtype = compute_dtype(q)
     kv = kv.to(dtype)
     logits = torch.einsum("thd,tsd->ths", q.to(dtype), kv) * scale  # [T, H, S]
     logits = logits.masked_fill(~ok[:, None, :], float("-inf"))

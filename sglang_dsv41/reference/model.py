@@ -22,6 +22,7 @@ from torch import nn
 
 from sglang_dsv41.config import FULL, DeepseekV41Config
 from sglang_dsv41.layers.block import Block
+from sglang_dsv41.layers.dtypes import upcast
 from sglang_dsv41.layers.linear import Linear
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.residual import build_residual
@@ -112,8 +113,7 @@ class ReferenceModel(nn.Module):
             if capture is not None:
                 capture[i] = (pos, state)
         h = self.norm(self.residual.final(state))
-        logits = self.head(h)
-        logits = logits if logits.dtype == torch.float64 else logits.float()
+        logits = upcast(self.head(h))
         if F > 0:
             full = torch.full((L, logits.shape[1]), float("nan"), dtype=logits.dtype)
             full[F:] = logits

@@ -27,6 +27,7 @@ from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK, SparseKV
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
 from sglang_dsv41.kernels.sparse_attn.ref import decode_records
 from sglang_dsv41.kv.pages import slot_of
+from sglang_dsv41.layers.dtypes import compute_dtype
 from sglang_dsv41.serving.context import BatchContext, Rows, part_of
 from sglang_dsv41.serving.stores import compress, write_swa
 
@@ -120,7 +121,7 @@ def attend(attn, q, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
         SparseKV(swa[0], swa[1], kv, top, cfg.main_kv_layout, decoded),
         attn.attn_sink,
         attn.scale,
-        out_dtype=torch.promote_types(q.dtype, torch.float32),
+        out_dtype=compute_dtype(q),
     )
 
 

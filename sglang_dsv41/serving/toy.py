@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from sglang_dsv41.layers.dtypes import compute_dtype, upcast
 from sglang_dsv41.serving.buffers import RecordBuffers
 from sglang_dsv41.serving.context import BatchContext, build_rows, decode_context
 from sglang_dsv41.serving.layer_loop import run_layers
@@ -27,7 +28,7 @@ class ToyEngine:
     ):
         self.model, self.cfg, self.dev = model, model.cfg, torch.device(device)
         slots = n_pages * PAGE
-        dtype = torch.float64 if model.embed.weight.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(model.embed.weight)
         self.pool = RecordBuffers(
             self.cfg, replay, slots, slots, PAGE, max_requests, device, dtype=dtype
         )
@@ -137,8 +138,7 @@ class ToyEngine:
         """The device part of a step: the layer loop and the head of each request's last row
         (fp32 logits, fp64 for a float64 model)."""
         h = run_layers(self.model, ids, ctx, self.pool)
-        logits = self.model.head(h[last])
-        return logits if logits.dtype == torch.float64 else logits.float()
+        return upcast(self.model.head(h[last]))
 
 
 def serve(engine, prompts, new, chunk=None, floors=None, logits_out=None):
