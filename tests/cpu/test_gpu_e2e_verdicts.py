@@ -46,3 +46,22 @@ def test_logprob_error_reads_the_oracle_tokens():
     assert abs(v.logprob_error(served, ref, 2) - 0.001) < 1e-12
     assert v.logprob_error(served, ref, 0) == 0.0
     assert v.logprob_error([[[-1.0, 5, None]]], ref, 1) == float("inf")
+
+
+def test_rounding_probe_counts_the_prompts_whose_oracles_part(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    a, b = steps([1, 2, 3]), steps([1, 2, 3])
+    c = steps([1, 2, 3])
+    c[1]["logprob"] = -1.5  # parts at step 1 by 0.5
+    ref = {"replay": [a, a], "replay64": [b, c], "full": [a], "full64": [b]}
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps(ref))
+    probe = ROOT / "scripts/gpu_e2e/rounding_probe.py"
+    out = subprocess.run(
+        [sys.executable, str(probe), "count", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "replay: 1 / 2 prompts part" in out and "gap before a token differs 0.5" in out
+    assert "full: 0 / 1 prompts part" in out
