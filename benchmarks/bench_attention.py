@@ -1,6 +1,7 @@
 """Sparse attention over V4.1 records (ours) vs FlashMLA on SM90, per heads-per-GPU, one run.
 
     python benchmarks/bench_attention.py [--json out.json] [--sweep] [--ablate] [--jobs 8]
+                                         [--exact] [--heads 8,16,64]
 
 Work per query token: H heads x D = 512, SWA window W = 128 + top-512 entries, sink. Ours reads
 V41 (528 B) SWA records and V41_FP4 (288 B) or V41 main-KV records, for H in {8, 16, 32, 64}
@@ -16,6 +17,9 @@ flushed before each replay). Also measured: the copy and bf16 matmul ceilings, a
 floor max(FLOP / matmul rate, bytes / copy rate) with bytes = q + out + indices + every record
 read once. `--sweep` times each kernel variant the plan chooses from; `--ablate` times the
 kernel with stages left out; `--jobs N` compiles the variants in N processes first.
+`--exact` times ours with fp32 queries (the exact path, what the served layer passes; the peer
+stays FlashMLA's bf16 kernels) and reports each default launch's error against the fp32 torch
+reference.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import triton
 import triton.language as tl
 
 from sglang_dsv41.kernels.args import SparseKV
-from sglang_dsv41.kernels.sparse_attn import sparse_attention
+from sglang_dsv41.kernels.sparse_attn import sparse_attention, sparse_attention_ref
 from sglang_dsv41.kernels.sparse_attn import triton as sa
 from sglang_dsv41.kernels.sparse_attn.triton_kernel import _step
 from sglang_dsv41.kernels.sparse_attn.triton_records import deq, load_idx, raw
@@ -92,14 +96,20 @@ def slots(kind: str, n: int, seed: int = 0):
     return swa.int(), pick.int(), PREFILL_CTX, n_entries
 
 
-def ours_fn(kind: str, n: int, H: int, layout: Layout, launch: dict):
+def ours_fn(kind: str, n: int, H: int, layout: Layout, launch: dict, exact=False, err=False):
+    """The call to time (as the served layer makes it: no `out`, bf16 output), or with err its
+    relative error against the fp32 reference."""
     sw, tk, n_swa, n_kv = slots(kind, n)
     swa = random_records(n_swa, 528)
     kv = random_records(n_kv, record_bytes(layout, D))
-    q = torch.randn(n, H, D, device=DEV, dtype=torch.bfloat16)
+    q = torch.randn(n, H, D, device=DEV, dtype=torch.float32 if exact else torch.bfloat16)
     sink = torch.randn(H, device=DEV)
-    out = torch.empty(n, H, D, device=DEV, dtype=torch.bfloat16)
-    return lambda: sparse_attention(q, SparseKV(swa, sw, kv, tk, layout), sink, out=out, **launch)
+    skv = SparseKV(swa, sw, kv, tk, layout)
+    if err:
+        ref = sparse_attention_ref(q, skv, sink, None, torch.float32)
+        out = sparse_attention(q, skv, sink, out_dtype=torch.float32, **launch)
+        return ((out - ref).norm() / ref.norm()).item()
+    return lambda: sparse_attention(q, skv, sink, **launch)
 
 
 def fm_decode_fn(B: int):
@@ -162,8 +172,8 @@ def _warm(jobs):
         if job[0] == "ablate":
             ablation(*job[1:], T=256, timed=False)
         else:
-            kind, n, H, layout, launch = job
-            ours_fn(kind, n, H, Layout(layout), launch)()
+            kind, n, H, layout, launch, exact = job
+            ours_fn(kind, n, H, Layout(layout), launch, exact)()
         torch.cuda.synchronize()
     return len(jobs)
 
@@ -225,7 +235,7 @@ def _ablate_kernel(
                 b_k = deq(b_v, b_s, D, BN, tl.bfloat16, 1)
         if MODE == 0 or MODE == 2:
             m_i, l_i, acc, _p, _k = _step(
-                b_q, b_k, idx >= 0, m_i, l_i, acc, 0.0, 0.0, qk_scale, SWAP, False, "tf32"
+                b_q, b_k, idx >= 0, (m_i, l_i, acc, 0.0, 0.0), qk_scale, SWAP, False, "tf32"
             )
         elif MODE == 1:
             keep += tl.sum(b_k.to(tl.float32), 0)
@@ -275,7 +285,9 @@ def main():
     ap.add_argument("--ablate", action="store_true", help="time kernel stages left out")
     ap.add_argument("--jobs", type=int, default=1, help="processes compiling before timing")
     ap.add_argument("--heads", default=",".join(map(str, HEADS)))
+    ap.add_argument("--exact", action="store_true", help="fp32 queries (the served layer's)")
     args = ap.parse_args()
+    exact = args.exact
     heads = [int(h) for h in args.heads.split(",")]
     res = dict(
         device=torch.cuda.get_device_name(),
@@ -283,17 +295,18 @@ def main():
         torch=torch.__version__,
         commit=commit(),
         time=time.ctime(),
+        queries="fp32 (exact path)" if exact else "bf16",
     )
 
     jobs = []
     for H in heads:
         for kind, n in cases():
             for layout in (Layout.V41_FP4, Layout.V41):
-                jobs.append((kind, n, H, layout.value, {}))
+                jobs.append((kind, n, H, layout.value, {}, exact))
             if args.sweep:
-                for launch in sa.variants_for(H).values():
+                for launch in sa.variants_for(H, exact).values():
                     if not launch.get("flashmla") or kind == "prefill":
-                        jobs.append((kind, n, H, Layout.V41_FP4.value, launch))
+                        jobs.append((kind, n, H, Layout.V41_FP4.value, launch, exact))
     if args.ablate:
         jobs += [("ablate", *cfg) for cfg in ABLATE]
     res["compile_s"] = warm_compile(jobs, args.jobs)
@@ -315,7 +328,7 @@ def main():
     def timed(name, kind, n, H, layout, launch):
         """Graph-replay us, or NaN with the error recorded (printed, and in the exit status)."""
         try:
-            return graph_us(ours_fn(kind, n, H, layout, launch))
+            return graph_us(ours_fn(kind, n, H, layout, launch, exact))
         except Exception as exc:
             errors.append(f"{name} at H={H} {kind} {n}: {type(exc).__name__}: {exc}")
             print("ERROR", errors[-1][:2000], flush=True)
@@ -326,7 +339,7 @@ def main():
             row = dict(H=H, kind=kind, n=n, flashmla_us=peer[(kind, n)])
             if args.sweep:  # first: a launch that breaks graph capture goes last (FlashMLA)
                 row["sweep_fp4_us"] = {}
-                for name, launch in sa.variants_for(H).items():
+                for name, launch in sa.variants_for(H, exact).items():
                     if launch.get("flashmla") and kind != "prefill":
                         continue
                     row["sweep_fp4_us"][name] = timed(name, kind, n, H, Layout.V41_FP4, launch)
@@ -338,6 +351,8 @@ def main():
                     flop / ceil["bf16_TFLOPs"] / 1e6, nbytes / ceil["copy_TBps"] / 1e6
                 )
             row["flop"], row["bytes_fp4"] = work(kind, n, H, 288)
+            if exact:
+                row["err_fp4_vs_fp32_ref"] = ours_fn(kind, n, H, Layout.V41_FP4, {}, True, True)
             row["ratio_fp4"] = row["ours_fp4_us"] / row["flashmla_us"]
             row["ratio_v41"] = row["ours_v41_us"] / row["flashmla_us"]
             rows.append(row)

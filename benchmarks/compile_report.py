@@ -1,7 +1,9 @@
 """Registers, spills, shared memory and tensor-core instructions of the sparse-attention kernel's
 variants, compiled for SM90 without a GPU (Triton's bundled ptxas; no device needed).
 
-    python benchmarks/compile_report.py [--fp4 0|1] [--split 0|1]
+    python benchmarks/compile_report.py [--fp4 0|1] [--split 0|1] [--exact 0|1]
+
+(--exact 1: fp32 queries, the exact path's three-part bf16 products.)
 
 Prints one row per variant: (block_h, block_n, warps, swap, skew, prefetch) -> registers per
 thread, spill bytes, shared memory, wgmma / mma.sync instruction counts in the PTX, and whether
@@ -95,7 +97,7 @@ def ptxas_report(ptx: str) -> dict:
     return {"regs": regs, "spill_bytes": int(spill.group(1)) if spill else 0}
 
 
-def compile_variant(v, fp4: bool, split: bool) -> dict:
+def compile_variant(v, fp4: bool, split: bool, exact: bool = False) -> dict:
     bh, bn, nw, swap, skew, prefetch = v
     const = dict(
         D=512,
@@ -109,10 +111,13 @@ def compile_variant(v, fp4: bool, split: bool) -> dict:
         SKEW=skew,
         PREFETCH=prefetch,
         DOT_FP32=False,
-        ROUND_Q=True,
+        ROUND_Q=not exact,
         PREC="tf32",
+        EXACT3=exact,
     )
     sig = dict(SIG, **{k: "constexpr" for k in const})
+    if exact:
+        sig["q_ptr"] = "*fp32"
     if split:
         sig["o_ptr"] = "*fp32"
     k = triton.compile(
@@ -135,6 +140,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fp4", type=int, default=1)
     ap.add_argument("--split", type=int, default=0)
+    ap.add_argument("--exact", type=int, default=0)
     ap.add_argument("--only", default=None, help="variants as python tuples, ';'-separated")
     args = ap.parse_args()
     variants = VARIANTS
@@ -142,7 +148,7 @@ def main():
         variants = [tuple(eval(x)) for x in args.only.split(";")]
     print("(block_h, block_n, warps, swap, skew, prefetch): regs spill smem wgmma mma.sync")
     for v in variants:
-        r = compile_variant(v, bool(args.fp4), bool(args.split))
+        r = compile_variant(v, bool(args.fp4), bool(args.split), bool(args.exact))
         print(
             f"{v}: {r['regs']} {r['spill_bytes']} {r['smem']} {r['wgmma']} {r['mma_sync']}"
             f"  mma layouts (warps M, N, instr M, N): {r['mma_layouts']}"

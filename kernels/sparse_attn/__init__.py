@@ -60,8 +60,6 @@ def sparse_attention(
     T, H, D = q.shape
     kv.check_dim(D)
     scale = D**-0.5 if scale is None else float(scale)
-    if out is None:
-        out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
 
     def sm100_check():
         from sglang_dsv41.kernels.sparse_attn import sm100
@@ -70,6 +68,8 @@ def sparse_attention(
 
     fast = {Path.SM100: sm100_check, Path.TRITON: lambda: triton_unsupported(q)}
     path = dispatch.select("sparse_attention", q.device, fast)
+    if path is not Path.TRITON and out is None:
+        out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
     if path is Path.SM100:
         from sglang_dsv41.kernels.sparse_attn import sm100
 
@@ -98,6 +98,7 @@ def sparse_attention(
         sink,
         scale,
         out,
+        out_dtype,
         **launch,
     )
 

@@ -11,7 +11,10 @@ call is CUDA-graph capturable (static grid, no host syncs):
   FlashMLA's sparse prefill over a bf16 workspace (`triton_flashmla`);
 - prefill-sized T up to 32 heads: `triton_kernel` over a bf16 workspace of the referenced
   records, each dequantized once (`triton_workspace`);
-- fp32 q (the exact path), TRITON_INTERPRET=1 and D < 512: fp32 tiles / heads on M, no options.
+- fp32 q (the exact path, what the served layer passes): the same kernels with q and P split
+  into three exact bf16 parts (`triton_kernel.split3`), never FlashMLA (bf16 q) nor SKEW;
+  `ieee=True` takes fp32 tiles with IEEE products instead (slow at D = 512);
+- TRITON_INTERPRET=1 and D < 512: heads on M, no options.
 Each choice is the fastest of `variants_for` on the H200 (benchmarks/RESULTS.md).
 
 Splits (flash-decoding): with few tokens, each token's entry list is cut over several programs
@@ -36,6 +39,8 @@ from sglang_dsv41.kernels.sparse_attn.triton_records import BF16, V41, V41_FP4
 LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
 WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
+EXACT_64_DECODE = "direct_n32_bh16"  # fp32 q, 64+ heads, 8 <= T < 1024
+EXACT_64_PREFILL = "ws_direct_n64_bh16"  # fp32 q, 64+ heads, T >= 1024
 
 
 @triton.jit(do_not_specialize=["H", "num_splits"])
@@ -91,7 +96,8 @@ class Plan:
     num_stages; swap: entries on M (see triton_kernel); skew / prefetch: see triton_kernel;
     num_splits: programs per (token, head block), None = fill the GPU `per_sm` times;
     flashmla: FlashMLA's sparse prefill over a dequantized workspace (triton_flashmla);
-    workspace: this kernel over that workspace's BF16 rows (triton_workspace).
+    workspace: this kernel over that workspace's BF16 rows (triton_workspace);
+    ieee: fp32 q only: fp32 tiles with IEEE products instead of three bf16 parts.
     """
 
     block_h: int
@@ -105,6 +111,7 @@ class Plan:
     per_sm: int = 1
     flashmla: bool = False
     workspace: bool = False
+    ieee: bool = False
 
 
 def _variants(H: int) -> dict:
@@ -136,19 +143,27 @@ def _variants(H: int) -> dict:
         "skew64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False, skew=True),
         "direct_n32_bh16": small["direct_n32"],
         "swap_w8_n32_pf_bh16": small["swap_w8_n32_pf"],
+        "ws_direct_n64_bh16": small["ws_direct_n64"],
         "flashmla": Plan(block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True),
     }
 
 
-def variants_for(H: int) -> dict:
+def variants_for(H: int, exact: bool = False) -> dict:
     """Named launch options (every field of `Plan`) of each variant `plan_for` chooses from at H
-    heads; the GPU tests run each, benchmarks/bench_attention.py --sweep times each."""
-    return {name: dataclasses.asdict(plan) for name, plan in _variants(H).items()}
+    heads, for bf16 q or (exact) fp32 q; the GPU tests run each, benchmarks/bench_attention.py
+    --sweep times each. Exact: no FlashMLA or SKEW variant, plus `ieee_bh16` (fp32 tiles with
+    IEEE products, 16 heads per program: the exact path before the three-part split)."""
+    v = _variants(H)
+    if exact:
+        v = {k: p for k, p in v.items() if not (p.flashmla or p.skew)}
+        v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
+    return {name: dataclasses.asdict(plan) for name, plan in v.items()}
 
 
 def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
-    """The default plan for T tokens x H heads x D (shape-only, so graph-capturable)."""
-    if exact or os.environ.get("TRITON_INTERPRET", "0") == "1" or D < 512:
+    """The default plan for T tokens x H heads x D (shape-only, so graph-capturable); `exact`:
+    fp32 q."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or D < 512:
         bh = min(64, max(16, triton.next_power_of_2(H)))
         return Plan(block_h=bh, block_n=32, num_warps=4 if bh <= 16 else 8, swap=False)
     v = _variants(H)
@@ -160,6 +175,8 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
         return v["swap_w8_n32_pf"]
     if T * triton.cdiv(H, 64) < 8:  # too few tokens to fill the GPU with 64-head programs
         return v["swap_w8_n32_pf_bh16"]
+    if exact:
+        return v[EXACT_64_PREFILL] if T >= WORKSPACE_MIN_TOKENS else v[EXACT_64_DECODE]
     if H in (64, 128) and T >= FLASHMLA_MIN_TOKENS and _flashmla_ok(device):
         return v["flashmla"]
     return v["skew64_n32"]
@@ -187,31 +204,38 @@ def sparse_attention(
     kv_fp4: bool,
     attn_sink,
     scale: float,
-    out: torch.Tensor,
+    out: torch.Tensor | None,
+    out_dtype: torch.dtype = torch.bfloat16,
     **launch,
 ):
     """Launch; arguments as validated by `kernels.sparse_attn.sparse_attention`.
 
-    q [T, H, D] bf16, or fp32 for the exact path (fp32 tiles, IEEE dots: the torch reference's
-    arithmetic up to summation order, several times slower); swa_flat uint8 [S, D + D/32] and
-    swa_slots int32 [T, W]; kv_flat uint8 [S', B] and topk_slots int32 [T, TOPK]; attn_sink
-    fp32 [H] (this rank's heads) or None; out [T, H, D] (bf16 or fp32) written in place.
-    W or TOPK may be 0 (pass a dummy cache). `launch`: fields of `Plan` to override.
+    q [T, H, D] bf16, or fp32 for the exact path (the torch reference's arithmetic up to
+    summation order: three-part bf16 products, or fp32 tiles with IEEE dots with `ieee=True`);
+    swa_flat uint8 [S, D + D/32] and swa_slots int32 [T, W]; kv_flat uint8 [S', B] and
+    topk_slots int32 [T, TOPK]; attn_sink fp32 [H] (this rank's heads) or None; out [T, H, D]
+    (bf16 or fp32) written in place, or None: a new out_dtype tensor is returned (the FlashMLA
+    route then returns FlashMLA's own output, no copy). W or TOPK may be 0 (pass a dummy
+    cache). `launch`: fields of `Plan` to override.
     """
     T, H, D = q.shape
-    if T == 0:
-        return out
     exact = q.dtype == torch.float32
     unknown = set(launch) - {f.name for f in dataclasses.fields(Plan)}
     if unknown:
         raise TypeError(f"sparse_attention: unknown launch options {sorted(unknown)}")
     plan = dataclasses.replace(plan_for(T, H, D, q.device, exact), **launch)
-    if plan.flashmla:
+    if exact and (plan.flashmla or (plan.skew and not plan.ieee)):
+        raise ValueError("fp32 q (the exact path) takes neither the FlashMLA route nor SKEW")
+    if plan.flashmla and T:
         from sglang_dsv41.kernels.sparse_attn import triton_flashmla
 
         return triton_flashmla.sparse_attention(
-            q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out
+            q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype
         )
+    if out is None:
+        out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
+    if T == 0:
+        return out
     if plan.workspace:
         from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
 
@@ -238,6 +262,7 @@ def _launch(q, swa_flat, swa_slots, kv_rows, kv_slots, kv_fmt, attn_sink, scale,
         raise ValueError(f"kv rows must be contiguous, got strides {kv_rows.stride()}")
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
     exact = q.dtype == torch.float32
+    exact3 = exact and not plan.ieee
     BH, BN = plan.block_h, plan.block_n
     head_blocks = triton.cdiv(H, BH)
     n_tiles = triton.cdiv(W, BN) + triton.cdiv(TOPK, BN)
@@ -281,9 +306,10 @@ def _launch(q, swa_flat, swa_slots, kv_rows, kv_slots, kv_fmt, attn_sink, scale,
         SWAP=plan.swap,
         SKEW=plan.skew,
         PREFETCH=plan.prefetch,
-        DOT_FP32=interpret or exact,
+        DOT_FP32=interpret or (exact and plan.ieee),
         ROUND_Q=not exact,
         PREC="ieee" if exact else "tf32",
+        EXACT3=exact3,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )

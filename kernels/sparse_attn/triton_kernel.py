@@ -21,6 +21,13 @@ Options, each a compile-time switch measured in benchmarks/RESULTS.md:
 
 With SPLIT, each program writes its normalized partial output and base-2 log-sum-exp and
 `triton.combine_kernel` merges them with the sink; otherwise the sink is applied here.
+
+Exact path (fp32 q, EXACT3): the records' values are exact in bf16 (e4m3 x 2^k; e2m1 x e4m3,
+at most 6 significant bits), so an fp32 operand split into three bf16 parts x = x1 + x2 + x3
+(each the bf16 rounding of what is left; exact, bf16 keeps fp32's exponent range) makes every
+tensor-core product exact: q.K is three bf16 products accumulated in fp32, and P V the same
+with P split. The result is the fp32 reference up to summation order, on tensor cores, at three
+times the MMA work of the bf16 path (which rounds q and P to bf16 once).
 """
 
 from __future__ import annotations
@@ -29,6 +36,32 @@ import triton
 import triton.language as tl
 
 from sglang_dsv41.kernels.sparse_attn.triton_records import deq, load_idx, raw
+
+
+@triton.jit
+def split3(x, DT: tl.constexpr):
+    """fp32 x -> (x1, x2, x3) in DT, each exactly a bf16 number, x1 + x2 + x3 == x exactly."""
+    x1 = x.to(tl.bfloat16)
+    r = x - x1.to(tl.float32)
+    x2 = r.to(tl.bfloat16)
+    x3 = (r - x2.to(tl.float32)).to(tl.bfloat16)
+    return x1.to(DT), x2.to(DT), x3.to(DT)
+
+
+@triton.jit
+def _dot3(a, b, PREC: tl.constexpr, LEFT: tl.constexpr):
+    """a @ b with the split operand a three-part tuple (LEFT) or b one (not LEFT); the small
+    parts first, accumulated in fp32."""
+    if LEFT:
+        a1, a2, a3 = a
+        acc = tl.dot(a3, b, input_precision=PREC)
+        acc = tl.dot(a2, b, acc, input_precision=PREC)
+        return tl.dot(a1, b, acc, input_precision=PREC)
+    else:
+        b1, b2, b3 = b
+        acc = tl.dot(a, b3, input_precision=PREC)
+        acc = tl.dot(a, b2, acc, input_precision=PREC)
+        return tl.dot(a, b1, acc, input_precision=PREC)
 
 
 @triton.jit
@@ -41,15 +74,35 @@ def _step(
     SWAP: tl.constexpr,
     SKEW: tl.constexpr,
     PREC: tl.constexpr,
+    EXACT3: tl.constexpr = False,
 ):
     """Online-softmax step over one K tile b_k [BN, D]: state (m_i, l_i, acc, p_prev, k_prev) in,
     the next state out.
 
     SWAP = 0: b_q [BH, D], acc [BH, D], m_i/l_i [BH]; SWAP = 1: b_q = Q^T [D, BH], acc [D, BH].
     With SKEW, p_prev/k_prev are the previous tile's P and K, whose product is added here.
+    EXACT3 (not with SKEW): b_q is `split3`'s three parts and P is split the same way.
     """
     m_i, l_i, acc, p_prev, k_prev = state
-    if SWAP:
+    if EXACT3:
+        if SWAP:
+            s = _dot3(b_k, b_q, PREC, False) * qk_scale  # [BN, BH]
+            s = tl.where(valid[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+            pv = _dot3(tl.trans(b_k), split3(p, b_k.dtype), PREC, False)  # [D, BH]
+            acc = acc * alpha[None, :] + pv
+        else:
+            s = _dot3(b_q, tl.trans(b_k), PREC, True) * qk_scale  # [BH, BN]
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + _dot3(split3(p, b_k.dtype), b_k, PREC, True)
+    elif SWAP:
         s = tl.dot(b_k, b_q, input_precision=PREC) * qk_scale  # [BN, BH]
         s = tl.where(valid[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
@@ -98,6 +151,7 @@ def _walk(
     PREFETCH: tl.constexpr,
     DT: tl.constexpr,
     PREC: tl.constexpr,
+    EXACT3: tl.constexpr,
 ):
     """Tiles t0 .. t1 - 1 of one segment: n slots at p_idx into the rows (format FMT, stride RS)
     at base; state (m_i, l_i, acc, p_prev, k_prev) as in `_step`, returned updated."""
@@ -109,7 +163,7 @@ def _walk(
             n_v, n_s = raw(base, RS, idx_n, D, FMT)  # tile u + 1, in flight during tile u
             idx_nn = load_idx(p_idx, u + 2, n, u + 2 < t1, BN)
             b_k = deq(b_v, b_s, D, BN, DT, FMT)
-            state = _step(b_q, b_k, idx >= 0, state, qk_scale, SWAP, SKEW, PREC)
+            state = _step(b_q, b_k, idx >= 0, state, qk_scale, SWAP, SKEW, PREC, EXACT3)
             idx = idx_n
             idx_n = idx_nn
             b_v = n_v
@@ -119,7 +173,7 @@ def _walk(
             idx = load_idx(p_idx, u, n, True, BN)
             b_v, b_s = raw(base, RS, idx, D, FMT)
             b_k = deq(b_v, b_s, D, BN, DT, FMT)
-            state = _step(b_q, b_k, idx >= 0, state, qk_scale, SWAP, SKEW, PREC)
+            state = _step(b_q, b_k, idx >= 0, state, qk_scale, SWAP, SKEW, PREC, EXACT3)
     return state
 
 
@@ -158,10 +212,12 @@ def sparse_attn_kernel(
     DOT_FP32: tl.constexpr,
     ROUND_Q: tl.constexpr,
     PREC: tl.constexpr,
+    EXACT3: tl.constexpr = False,
 ):
-    # DOT_FP32: fp32 tiles, for TRITON_INTERPRET=1 (its bf16 dot is wrong) and for the exact
-    # path (fp32 q, PREC = "ieee": true fp32 products, as the torch reference computes them).
-    # Otherwise the products are bf16; ROUND_Q rounds q to bf16 first (the fast path's meaning).
+    # DOT_FP32: fp32 tiles, for TRITON_INTERPRET=1 (its bf16 dot is wrong) and for the IEEE
+    # exact path (fp32 q, PREC = "ieee": true fp32 products, as the torch reference computes
+    # them). Otherwise the products are bf16: EXACT3 splits fp32 q and P into three bf16 parts
+    # each (exact products); else ROUND_Q rounds q to bf16 first (the fast path's meaning).
     DT: tl.constexpr = tl.float32 if DOT_FP32 else tl.bfloat16
     i_t = tl.program_id(0).to(tl.int64)
     i_hb = tl.program_id(1)
@@ -183,9 +239,12 @@ def sparse_attn_kernel(
         m_i = tl.full([BH], -1e30, tl.float32)
         l_i = tl.zeros([BH], tl.float32)
         acc = tl.zeros([BH, D], tl.float32)
-    if ROUND_Q:
-        b_q = b_q.to(tl.bfloat16)
-    b_q = b_q.to(DT)
+    if EXACT3:
+        b_q = split3(b_q.to(tl.float32), DT)
+    else:
+        if ROUND_Q:
+            b_q = b_q.to(tl.bfloat16)
+        b_q = b_q.to(DT)
     if SKEW:  # the previous tile's P and K; zeros add nothing before the first tile
         if SWAP:
             p_prev = tl.zeros([BN, BH], DT)
@@ -220,6 +279,7 @@ def sparse_attn_kernel(
         PREFETCH,
         DT,
         PREC,
+        EXACT3,
     )
     state = _walk(
         b_q,
@@ -239,6 +299,7 @@ def sparse_attn_kernel(
         PREFETCH,
         DT,
         PREC,
+        EXACT3,
     )
     m_i, l_i, acc, p_prev, k_prev = state
     if SKEW:  # the last tile's P V

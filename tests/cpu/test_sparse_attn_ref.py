@@ -178,6 +178,47 @@ def test_triton_kernel_variants_interpreted(H):
             assert err < 1e-5 and (out[2] == 0).all(), (layout, launch, err)
 
 
+def _interp_err(q, swa, sw, kv, tk, layout, sink, ref, launch) -> float:
+    from sglang_dsv41.kernels.sparse_attn import triton as tri
+
+    out = torch.full(q.shape, float("nan"))
+    D = q.shape[-1]
+    tri.sparse_attention(
+        q, swa, sw, kv, tk, layout is Layout.V41_FP4, sink, D**-0.5, out,
+        block_h=16, num_warps=4, **launch,
+    )  # fmt: skip
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.triton_interpret
+def test_exact_path_three_parts_interpreted():
+    """fp32 q takes the exact path: q and P as three bf16 parts each (the interpreter computes
+    the parts' products in fp32). Against the fp32 reference it is exact up to summation order,
+    while the same q rounded to bf16 (what a kernel using only the first part computes) is
+    ~1e-3 away."""
+    D, T, H, W, TOPK, S = 64, 3, 8, 10, 20, 40
+    for layout in (Layout.V41_FP4, Layout.V41):
+        for launch in INTERP_VARIANTS:
+            if launch.get("skew"):
+                continue
+            swa = pack(Layout.V41, torch.randn(S, D))
+            kv = pack(layout, torch.randn(S, D))
+            q = torch.randn(T, H, D) * 3
+            sw = torch.randint(0, S, (T, W), dtype=torch.int32)
+            sw[0, :4] = -1
+            tk = torch.randint(0, S, (T, TOPK), dtype=torch.int32)
+            tk[1, 5:] = -1
+            sink = torch.randn(H)
+            ref = sparse_attention_ref(
+                q, SparseKV(swa, sw, kv, tk, layout), sink, None, torch.float32
+            )
+            case = (swa, sw, kv, tk, layout, sink, ref, launch)
+            err = _interp_err(q, *case)
+            err_first_part = _interp_err(q.to(torch.bfloat16).float(), *case)
+            assert err < 1e-6, (layout, launch, err)
+            assert err_first_part > 1e-4, (layout, launch, err_first_part)
+
+
 @pytest.mark.triton_interpret
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 def test_flashmla_workspace_interpreted(layout):

@@ -204,21 +204,78 @@ def test_prefill_routes_graph_capture(H, variant):
     assert torch.equal(out, want)
 
 
+EXACT_BOUND = 1e-5  # fp32 summation order; the bf16 path's error is ~2e-3
+
+
+def _exact_err(T, H, D, layout, **launch):
+    q, swa, sw, kv, tk, sink = make_case(T, H, D, 16 if D < 512 else 128, 64 if D < 512 else 512,
+                                         layout, floor_every=3)  # fmt: skip
+    q = torch.randn(T, H, D, device=DEV) * 3
+    skv = SparseKV(swa, sw, kv, tk, layout)
+    ref = sparse_attention_ref(q, skv, sink, None, torch.float32)
+    out = sparse_attention(q, skv, sink, out_dtype=torch.float32, **launch)
+    assert torch.isfinite(out).all()
+    if T > 2:
+        assert (out[2] == 0).all()  # only the sink
+    return ((out - ref).norm() / ref.norm()).item()
+
+
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 @pytest.mark.parametrize("H, D, T", [(4, 64, 40), (16, 128, 3)])
-def test_exact_path_fp32_q(layout, H, D, T):
-    """fp32 q selects fp32 tiles with IEEE products: the fp32 reference up to summation order.
-
-    The exact path exists for verification on small models (the tiny preset, D = 64); it ran on
-    the H200 inside tests/gpu/test_serving_gpu.py. At D = 512 its fp32 [64, 512] tiles did not
-    finish compiling and running within 140 s there, so D = 512 is left out here.
-    """
-    q, swa, sw, kv, tk, sink = make_case(T, H, D, 16 if D < 512 else 128, 64, layout, floor_every=3)
-    q = torch.randn(T, H, D, device=DEV)
-    ref = sparse_attention_ref(q, SparseKV(swa, sw, kv, tk, layout), sink, None, torch.float32)
+@pytest.mark.parametrize("ieee", [False, True])
+def test_exact_path_fp32_q(layout, H, D, T, ieee):
+    """fp32 q takes the exact path (three-part bf16 products, or fp32 tiles with IEEE products
+    with ieee=True): the fp32 reference up to summation order. Small head dims: the tiny preset's
+    (D = 64), as the served layer passes them."""
     for splits in (1, 3):
-        out = sparse_attention(
-            q, SparseKV(swa, sw, kv, tk, layout), sink, out_dtype=torch.float32, num_splits=splits
-        )
-        err = ((out - ref).norm() / ref.norm()).item()
-        assert err < 2e-6, (err, splits)
+        err = _exact_err(T, H, D, layout, num_splits=splits, ieee=ieee)
+        assert err < EXACT_BOUND, (err, splits)
+
+
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+@pytest.mark.parametrize("T", [1, 40, 1100])
+@pytest.mark.parametrize(
+    "H, variant",
+    [(h, v) for h in (8, 16, 32, 64) for v in tri.variants_for(h, exact=True) if v != "ieee_bh16"]
+    + [(h, None) for h in (8, 16, 32, 64, 128)],
+)
+def test_exact_path_every_variant_d512(layout, T, H, variant):
+    """V4.1's head dim: each exact-path variant (None = the default plan), split (T = 1),
+    unsplit (T = 40) and prefill-sized (T = 1100: the workspace routes' size)."""
+    if variant is None:
+        launch = {}
+    else:
+        launch = dict(tri.variants_for(H, exact=True)[variant])
+        launch["num_splits"] = None if T == 1 else 1
+    assert _exact_err(T, H, 512, layout, **launch) < EXACT_BOUND
+
+
+@pytest.mark.parametrize("H", [8, 64])
+@pytest.mark.parametrize("T", [1, 8, 128])
+def test_exact_path_graph_capture(H, T):
+    q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, Layout.V41_FP4)
+    q = torch.randn(T, H, 512, device=DEV)
+    skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+    out = torch.empty(T, H, 512, dtype=torch.float32, device=DEV)
+    sparse_attention(q, skv, attn_sink=sink, out=out)  # compile
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sparse_attention(q, skv, attn_sink=sink, out=out)
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    assert torch.equal(out, sparse_attention(q, skv, attn_sink=sink, out_dtype=torch.float32))
+
+
+def test_flashmla_route_returns_its_output_without_out():
+    """Without `out`, the 64-head prefill route hands back FlashMLA's own bf16 output (no copy);
+    with `out` it fills it; the two agree."""
+    if not triton_flashmla.available():
+        pytest.skip("flash_mla is not installed")
+    q, swa, sw, kv, tk, sink = make_case(1100, 64, 512, 128, 512, Layout.V41_FP4)
+    skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+    assert tri.plan_for(1100, 64, 512, DEV, False).flashmla
+    own = sparse_attention(q, skv, sink)
+    out = torch.empty_like(own)
+    filled = sparse_attention(q, skv, sink, out=out)
+    assert filled.data_ptr() == out.data_ptr() and own.data_ptr() != out.data_ptr()
+    assert torch.equal(own, filled)
