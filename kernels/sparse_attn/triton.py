@@ -39,8 +39,8 @@ from sglang_dsv41.kernels.sparse_attn.triton_records import BF16, V41, V41_FP4
 LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
 WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
-EXACT_64_DECODE = "direct_n32_bh16"  # fp32 q, 64+ heads, 8 <= T < 1024
-EXACT_64_PREFILL = "ws_direct_n64_bh16"  # fp32 q, 64+ heads, T >= 1024
+# fp32 q (the exact path; `_exact_variants`): up to 16 heads, more heads, T >= 1024
+EXACT_DECODE_16, EXACT_DECODE, EXACT_PREFILL = "direct_n32_x2", "direct_n32_x2", "ws_direct_n64"
 
 
 @triton.jit(do_not_specialize=["H", "num_splits"])
@@ -143,20 +143,25 @@ def _variants(H: int) -> dict:
         "skew64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False, skew=True),
         "direct_n32_bh16": small["direct_n32"],
         "swap_w8_n32_pf_bh16": small["swap_w8_n32_pf"],
-        "ws_direct_n64_bh16": small["ws_direct_n64"],
         "flashmla": Plan(block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True),
     }
+
+
+def _exact_variants() -> dict:
+    """The exact path's variants (fp32 q), at any H: 16-head programs (with q's three parts,
+    32 or 64 heads per program need more than the SM's 227 KB of shared memory), no FlashMLA
+    (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
+    the three-part split)."""
+    v = {k: p for k, p in _variants(16).items() if not (p.flashmla or p.skew)}
+    v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
+    return v
 
 
 def variants_for(H: int, exact: bool = False) -> dict:
     """Named launch options (every field of `Plan`) of each variant `plan_for` chooses from at H
     heads, for bf16 q or (exact) fp32 q; the GPU tests run each, benchmarks/bench_attention.py
-    --sweep times each. Exact: no FlashMLA or SKEW variant, plus `ieee_bh16` (fp32 tiles with
-    IEEE products, 16 heads per program: the exact path before the three-part split)."""
-    v = _variants(H)
-    if exact:
-        v = {k: p for k, p in v.items() if not (p.flashmla or p.skew)}
-        v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
+    --sweep times each."""
+    v = _exact_variants() if exact else _variants(H)
     return {name: dataclasses.asdict(plan) for name, plan in v.items()}
 
 
@@ -166,6 +171,11 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
     if os.environ.get("TRITON_INTERPRET", "0") == "1" or D < 512:
         bh = min(64, max(16, triton.next_power_of_2(H)))
         return Plan(block_h=bh, block_n=32, num_warps=4 if bh <= 16 else 8, swap=False)
+    if exact:
+        v = _exact_variants()
+        if T >= WORKSPACE_MIN_TOKENS:
+            return v[EXACT_PREFILL]
+        return v[EXACT_DECODE_16 if H <= 16 else EXACT_DECODE]
     v = _variants(H)
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
         return v["ws_direct_n64"]
@@ -175,8 +185,6 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
         return v["swap_w8_n32_pf"]
     if T * triton.cdiv(H, 64) < 8:  # too few tokens to fill the GPU with 64-head programs
         return v["swap_w8_n32_pf_bh16"]
-    if exact:
-        return v[EXACT_64_PREFILL] if T >= WORKSPACE_MIN_TOKENS else v[EXACT_64_DECODE]
     if H in (64, 128) and T >= FLASHMLA_MIN_TOKENS and _flashmla_ok(device):
         return v["flashmla"]
     return v["skew64_n32"]
