@@ -1,6 +1,7 @@
 """One decode step of the whole V4.1-Flash attention stack: ours against upstream's Hopper layout.
 
     python benchmarks/bench_decode_stack.py [--quick] [--json PATH] [--budget-gb 120]
+                                             [--batches 32] [--contexts 8192,1048576] [--exact-q]
     python benchmarks/bench_decode_stack.py --dry-run [--json PATH]   (CPU, tiny preset, refs)
 
 The step (benchmarks/decode_stack.py): 40 layers of every role (SWA-only L0-1; Full at L2/8/14
@@ -9,6 +10,7 @@ SWA-kv / compressor / indexer / output projections at real widths with random bf
 stores, the indexer and sparse attention through the kernel dispatchers, for batch 1 / 32 / 128
 and context 8K / 128K / 1M (--quick: batch 1 / 32, context 8K / 1M). Columns, same run:
     ours      V41 SWA + V41_FP4 main KV, Reindex over the candidate pool, our sparse attention
+              (bf16 queries; --exact-q: fp32 queries, the exact path the served layer takes)
     upstream  V4 584 B records, Reindex over the whole context then masked, FlashMLA's SM90
               legacy sparse decode (`flash_mla`); unavailable where flash_mla does not import
     proj      the projections and layer math alone (shared by both; per batch)
@@ -106,9 +108,10 @@ def check_ours(cfg, layers, batch, caches, h0) -> dict:
     )
 
 
-def run_layout(cfg, layers, batch, index_k, h0, layout, device, flashmla) -> dict:
+def run_layout(cfg, layers, batch, index_k, h0, layout, device, flashmla, exact_q=False) -> dict:
     """Time one layout's step (caches built here, freed on return): {us, check fields}."""
     caches = ds.make_caches(cfg, batch, layout, index_k, device, flashmla=flashmla)
+    caches.exact_q = exact_q and layout == "ours"
     try:
         res = {"alloc_gb": caches.nbytes() / 1e9}
         if layout == "ours":
@@ -133,6 +136,9 @@ def main(argv=None):
     ap.add_argument("--budget-gb", type=float, default=120.0, help="KV bytes per layout")
     ap.add_argument("--batches", default=None, help="comma list, overrides the sweep")
     ap.add_argument("--contexts", default=None, help="comma list, overrides the sweep")
+    ap.add_argument(
+        "--exact-q", action="store_true", help="ours with fp32 queries (the served layer's)"
+    )
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     if args.dry_run:
@@ -155,6 +161,7 @@ def main(argv=None):
         dry_run=args.dry_run,
         flash_mla=flashmla,
         flash_mla_status=why,
+        ours_queries="fp32 (exact path)" if args.exact_q else "bf16",
         budget_gb=args.budget_gb,
         roles={r: cfg.roles().count(r) for r in sorted(set(cfg.roles()))},
         bytes_per_token={k: f.per_token for k, f in fp.items()},
@@ -202,7 +209,9 @@ def main(argv=None):
                 index_k = ds.index_pools(cfg, batch, device)
                 for k in runs:
                     try:
-                        r = run_layout(cfg, layers, batch, index_k, h0, k, device, flashmla)
+                        r = run_layout(
+                            cfg, layers, batch, index_k, h0, k, device, flashmla, args.exact_q
+                        )
                     except torch.cuda.OutOfMemoryError as exc:
                         row[f"{k}_note"] = f"out of memory: {str(exc).splitlines()[0][:160]}"
                         torch.cuda.empty_cache()

@@ -163,6 +163,7 @@ class Caches:
     pending  per ratio-2 source fp32 [B, 2, D]: the request's unpaired (c, z)
     scratch  upstream: uint8 [B, 528], where its stand-in stores write
     fm_meta  upstream: one FlashMLA scheduler metadata per layer (None: no FlashMLA)
+    exact_q  ours: attention takes the fp32 queries (the served layer's exact path), not bf16
     """
 
     layout: str
@@ -172,6 +173,7 @@ class Caches:
     pending: dict
     scratch: torch.Tensor | None = None
     fm_meta: list | None = None
+    exact_q: bool = False
 
     def nbytes(self) -> int:
         ts = [t for t in self.swa if t is not None] + list(self.main.values())
@@ -310,7 +312,7 @@ def _compress(attn, cfg, i, xn, batch: Batch, caches: Caches) -> None:
 
 
 def _attend(attn, cfg, i, q, batch: Batch, caches: Caches, topk_slots) -> torch.Tensor:
-    """Sparse attention of q bf16 [B, H, D]: o bf16 [B, H, D]."""
+    """Sparse attention of q [B, H, D] (bf16, or fp32 with caches.exact_q): o bf16 [B, H, D]."""
     main = None if topk_slots is None else caches.main[cfg.source_layer_of(i)]
     if caches.layout == "ours":
         kv = SparseKV(caches.swa[i], batch.swa_slots, main, topk_slots, cfg.main_kv_layout)
@@ -352,7 +354,8 @@ def decode_step(cfg, layers: list, batch: Batch, caches: Caches, h, trace=None):
     for i, attn in enumerate(layers):
         xn = rms_norm(h, ones, cfg.rms_norm_eps)  # attn_norm (weight one)
         q, q_lora = attn.query(xn, pos)  # [B, H, D] fp32
-        q = q.to(torch.bfloat16)
+        if not caches.exact_q:
+            q = q.to(torch.bfloat16)
         kv = attn.wkv(xn)  # [B, D]
         if caches.layout != "proj":
             dst, pool = batch.swa_slots[:, -1], caches.swa[i]

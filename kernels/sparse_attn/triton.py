@@ -39,8 +39,9 @@ from sglang_dsv41.kernels.sparse_attn.triton_records import BF16, V41, V41_FP4
 LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
 WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
-# fp32 q (the exact path; `_exact_variants`): up to 16 heads, more heads, T >= 1024
-EXACT_DECODE_16, EXACT_DECODE, EXACT_PREFILL = "direct_n32_x2", "direct_n32_x2", "ws_direct_n64"
+# fp32 q at D = 512 (the exact path, `_exact_variants`): under 8 programs of 16 heads, decode
+# and extend, T >= 1024 (benchmarks/RESULTS.md, "The served layer's exact path")
+EXACT_FEW, EXACT_DECODE, EXACT_PREFILL = "swap_w8_n32_pf", "direct_n32_x2", "ws_direct_n32"
 
 
 @triton.jit(do_not_specialize=["H", "num_splits"])
@@ -168,14 +169,16 @@ def variants_for(H: int, exact: bool = False) -> dict:
 def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
     """The default plan for T tokens x H heads x D (shape-only, so graph-capturable); `exact`:
     fp32 q."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1" or D < 512:
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if interpret or D < 512:  # small models keep IEEE products on the GPU (cheap at small D)
         bh = min(64, max(16, triton.next_power_of_2(H)))
-        return Plan(block_h=bh, block_n=32, num_warps=4 if bh <= 16 else 8, swap=False)
+        nw = 4 if bh <= 16 else 8
+        return Plan(block_h=bh, block_n=32, num_warps=nw, swap=False, ieee=exact and not interpret)
     if exact:
         v = _exact_variants()
         if T >= WORKSPACE_MIN_TOKENS:
             return v[EXACT_PREFILL]
-        return v[EXACT_DECODE_16 if H <= 16 else EXACT_DECODE]
+        return v[EXACT_FEW if T * triton.cdiv(H, 16) < 8 else EXACT_DECODE]
     v = _variants(H)
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
         return v["ws_direct_n64"]

@@ -204,7 +204,9 @@ def test_prefill_routes_graph_capture(H, variant):
     assert torch.equal(out, want)
 
 
-EXACT_BOUND = 1e-5  # fp32 summation order; the bf16 path's error is ~2e-3
+# fp32 accumulation (Hopper's tensor cores truncate when aligning addends: 1.6e-6 to 1.0e-5
+# measured at D = 512 by bench_attention --exact); the bf16 path's error is ~2e-3
+EXACT_BOUND = 5e-5
 
 
 def _exact_err(T, H, D, layout, **launch):
