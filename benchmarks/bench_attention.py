@@ -308,7 +308,7 @@ def main():
                 jobs.append((kind, n, H, layout.value, {}, exact))
             if args.sweep:
                 for launch in sa.variants_for(H, exact).values():
-                    if not launch.get("flashmla") or kind == "prefill":
+                    if not launch.get("flashmla") or kind == "prefill" or launch.get("private"):
                         jobs.append((kind, n, H, Layout.V41_FP4.value, launch, exact))
     if args.ablate:
         jobs += [("ablate", *cfg) for cfg in ABLATE]
@@ -343,7 +343,7 @@ def main():
             if args.sweep:  # first: a launch that breaks graph capture goes last (FlashMLA)
                 row["sweep_fp4_us"] = {}
                 for name, launch in sa.variants_for(H, exact).items():
-                    if launch.get("flashmla") and kind != "prefill":
+                    if launch.get("flashmla") and kind != "prefill" and not launch.get("private"):
                         continue
                     row["sweep_fp4_us"][name] = timed(name, kind, n, H, Layout.V41_FP4, launch)
             for layout in (Layout.V41_FP4, Layout.V41):

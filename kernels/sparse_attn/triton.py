@@ -98,7 +98,8 @@ class Plan:
     num_splits: programs per (token, head block), None = fill the GPU `per_sm` times;
     flashmla: FlashMLA's sparse prefill over a dequantized workspace (triton_flashmla);
     workspace: this kernel over that workspace's BF16 rows (triton_workspace);
-    ieee: fp32 q only: fp32 tiles with IEEE products instead of three bf16 parts.
+    ieee: fp32 q only: fp32 tiles with IEEE products instead of three bf16 parts;
+    private: with flashmla, one workspace row per (token, entry), no compaction (decode).
     """
 
     block_h: int
@@ -113,6 +114,7 @@ class Plan:
     flashmla: bool = False
     workspace: bool = False
     ieee: bool = False
+    private: bool = False
 
 
 def _variants(H: int) -> dict:
@@ -145,6 +147,9 @@ def _variants(H: int) -> dict:
         "direct_n32_bh16": small["direct_n32"],
         "swap_w8_n32_pf_bh16": small["swap_w8_n32_pf"],
         "flashmla": Plan(block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True),
+        "flashmla_private": Plan(
+            block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True, private=True
+        ),
     }
 
 
@@ -241,8 +246,9 @@ def sparse_attention(
         from sglang_dsv41.kernels.sparse_attn import triton_flashmla
 
         return triton_flashmla.sparse_attention(
-            q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype
-        )
+            q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
+            plan.private,
+        )  # fmt: skip
     if out is None:
         out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
     if T == 0:

@@ -12,7 +12,11 @@ import functools
 
 import torch
 
-from sglang_dsv41.kernels.sparse_attn.triton_workspace import build_workspace, token_chunks
+from sglang_dsv41.kernels.sparse_attn.triton_workspace import (
+    build_private_workspace,
+    build_workspace,
+    token_chunks,
+)
 
 
 @functools.cache
@@ -26,11 +30,13 @@ def available() -> bool:
 
 
 def sparse_attention(
-    q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype
-):
+    q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
+    private=False,
+):  # fmt: skip
     """Same contract as `triton.sparse_attention`, for q bf16 [T, 64 or 128, 512] on SM90. With
     out None and bf16 out_dtype, FlashMLA's own output is returned when one chunk covers T (no
-    copy: 2 x T x H x D x 2 bytes, ~130 us at 4096 x 64 heads)."""
+    copy: 2 x T x H x D x 2 bytes, ~130 us at 4096 x 64 heads). private: one workspace row per
+    (token, entry) (`build_private_workspace`), for decode."""
     import flash_mla
 
     T, H, D = q.shape
@@ -40,14 +46,13 @@ def sparse_attention(
             f"{tuple(q.shape)}"
         )
     q = q if q.is_contiguous() else q.contiguous()  # FlashMLA reads q densely
-    chunks = token_chunks(swa_flat, swa_slots, kv_flat, topk_slots)
+    chunks = token_chunks(swa_flat, swa_slots, kv_flat, topk_slots, private)
+    build = build_private_workspace if private else build_workspace
     own = out is None and out_dtype == torch.bfloat16 and len(chunks) == 1
     if out is None and not own:
         out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
     for t0, t1 in chunks:
-        ws, rows = build_workspace(
-            swa_flat, swa_slots[t0:t1], kv_flat, topk_slots[t0:t1], kv_fp4, D
-        )
+        ws, rows = build(swa_flat, swa_slots[t0:t1], kv_flat, topk_slots[t0:t1], kv_fp4, D)
         o = flash_mla.flash_mla_sparse_fwd(
             q[t0:t1],
             ws.view(-1, 1, D),

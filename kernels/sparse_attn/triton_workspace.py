@@ -13,6 +13,10 @@ the referenced slots are compacted and dequantized once:
 
 All steps run on device without host syncs (CUDA-graph capturable). Consumers: FlashMLA's sparse
 prefill (`triton_flashmla`) and the Triton kernel over BF16 rows (`triton.py`).
+
+Decode tokens share no entries (each request has its own window and top-k), so there
+`build_private_workspace` skips the compaction: entry j of token t is dequantized into row
+t N + j by one kernel (`dequant_entries_kernel`).
 """
 
 from __future__ import annotations
@@ -27,13 +31,15 @@ ROW_ALIGN = 64  # entry lists are padded to a multiple of 64 (FlashMLA walks blo
 MAX_ROWS = 1 << 18  # workspace rows per chunk of tokens: 256 MB of bf16 at D = 512
 
 
-def token_chunks(swa_flat, swa_slots, kv_flat, topk_slots) -> list:
+def token_chunks(swa_flat, swa_slots, kv_flat, topk_slots, private: bool = False) -> list:
     """[(t0, t1)]: token ranges whose workspace stays under MAX_ROWS rows. One range unless both
-    the slots the tokens may reference and T x N reach MAX_ROWS."""
+    the slots the tokens may reference and T x N reach MAX_ROWS (private: unless T x N does)."""
     T, W = swa_slots.shape
     TOPK = topk_slots.shape[1]
     N = W + TOPK
     bound = (swa_flat.shape[0] if W else 0) + (kv_flat.shape[0] if TOPK else 0)
+    if private:
+        bound = T * N
     step = T if min(bound, T * N) < MAX_ROWS else max(1, MAX_ROWS // max(N, 1))
     return [(t0, min(T, t0 + step)) for t0 in range(0, T, step)]
 
@@ -61,6 +67,63 @@ def dequant_rows_kernel(
     o_d = tl.arange(0, D)
     p_ws = ws_ptr + row[:, None] * D + o_d[None, :]
     tl.store(p_ws, b_k.to(ws_ptr.dtype.element_ty), mask=(slot >= 0)[:, None])
+
+
+@triton.jit
+def dequant_entries_kernel(
+    swa_ptr,  # uint8 [S1, D + D/32] V41 records
+    swa_idx_ptr,  # int32 [T, W]
+    kv_ptr,  # uint8 [S2, KV_RS] records in KV_FMT
+    kv_idx_ptr,  # int32 [T, TOPK]
+    ws_ptr,  # bf16 [T * (W + TOPK) + 1, D]
+    rows_ptr,  # int32 [T, N_PAD]
+    W,
+    TOPK,
+    N_PAD,
+    D: tl.constexpr,
+    KV_RS: tl.constexpr,
+    KV_FMT: tl.constexpr,
+    BS: tl.constexpr,
+):
+    """Entries j0 .. j0 + BS - 1 of token t: ws[t N + j] = entry j dequantized (SWA segment,
+    then top-k), rows[t, j] = t N + j, or -1 for a skipped entry and for j >= N."""
+    t = tl.program_id(0).to(tl.int64)
+    o_j = tl.program_id(1) * BS + tl.arange(0, BS)
+    N = W + TOPK
+    in_swa = o_j < W
+    in_kv = (o_j >= W) & (o_j < N)
+    s_swa = tl.load(swa_idx_ptr + t * W + o_j, mask=in_swa, other=-1)
+    s_kv = tl.load(kv_idx_ptr + t * TOPK + (o_j - W), mask=in_kv, other=-1)
+    v1, c1 = raw(swa_ptr, D + D // 32, s_swa, D, 0)
+    v2, c2 = raw(kv_ptr, KV_RS, s_kv, D, KV_FMT)
+    k = tl.where(
+        in_swa[:, None], deq(v1, c1, D, BS, tl.float32, 0), deq(v2, c2, D, BS, tl.float32, KV_FMT)
+    )  # [BS, D], exact in bf16
+    valid = (s_swa >= 0) | (s_kv >= 0)
+    row = t * N + o_j
+    o_d = tl.arange(0, D)
+    tl.store(ws_ptr + row[:, None] * D + o_d[None, :], k.to(tl.bfloat16), mask=valid[:, None])
+    tl.store(rows_ptr + t * N_PAD + o_j, tl.where(valid, row, -1).to(tl.int32), mask=o_j < N_PAD)
+
+
+def build_private_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int):
+    """As `build_workspace`, with one row per (token, entry): R = T N + 1 rows, entry j of token
+    t at row t N + j. No compaction (decode: no entry is shared)."""
+    T, W = swa_slots.shape
+    TOPK = topk_slots.shape[1]
+    N = W + TOPK
+    n_pad = triton.cdiv(N, ROW_ALIGN) * ROW_ALIGN
+    R = T * N + 1
+    ws = torch.empty(R, D, dtype=torch.bfloat16, device=swa_slots.device)
+    ws[R - 1].zero_()
+    rows = torch.empty(T, n_pad, dtype=torch.int32, device=swa_slots.device)
+    BS = 16
+    dequant_entries_kernel[(T, triton.cdiv(n_pad, BS))](
+        swa_flat, swa_slots, kv_flat, topk_slots, ws, rows, W, TOPK, n_pad,
+        D=D, KV_RS=kv_flat.shape[1], KV_FMT=int(kv_fp4), BS=BS,
+    )  # fmt: skip
+    rows[:, 0] = torch.where((rows >= 0).any(dim=1), rows[:, 0], R - 1)
+    return ws, rows
 
 
 def build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int):

@@ -221,6 +221,34 @@ def test_exact_path_three_parts_interpreted():
 
 @pytest.mark.triton_interpret
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+def test_private_workspace_interpreted(layout):
+    """The decode workspace: entry j of token t dequantized at row t N + j, -1 kept, lists padded
+    to 64 with -1; a token that sees nothing reads the zero last row."""
+    from sglang_dsv41.kernels.sparse_attn.triton_workspace import build_private_workspace
+
+    D, T, W, TOPK, S1, S2 = 64, 4, 6, 9, 30, 50
+    N = W + TOPK
+    swa = pack(Layout.V41, torch.randn(S1, D))
+    kv = pack(layout, torch.randn(S2, D))
+    sw = torch.randint(0, S1, (T, W), dtype=torch.int32)
+    tk = torch.randint(0, S2, (T, TOPK), dtype=torch.int32)
+    sw[0, :2] = -1
+    tk[1, 4:] = -1
+    sw[3] = -1
+    tk[3] = -1
+    ws, rows = build_private_workspace(swa, sw, kv, tk, layout is Layout.V41_FP4, D)
+    assert ws.shape == (T * N + 1, D) and rows.shape == (T, 64)
+    keys = torch.cat((gather_records(swa, sw, Layout.V41, D), gather_records(kv, tk, layout, D)), 1)
+    valid = torch.cat((sw, tk), 1) >= 0
+    want = torch.where(valid, torch.arange(T * N, dtype=torch.int32).view(T, N), -1)
+    want[3, 0] = T * N  # the zero row
+    assert torch.equal(rows[:, :N], want) and (rows[:, N:] == -1).all()
+    assert torch.equal(ws.float()[rows[:, :N].clamp(min=0).long()][valid], keys[valid])
+    assert (ws[T * N] == 0).all()
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 def test_flashmla_workspace_interpreted(layout):
     """The FlashMLA path's workspace: each referenced record once, dequantized; entry lists
     remapped to its rows (-1 kept, padded to 64); a token with no entry reads the zero row."""

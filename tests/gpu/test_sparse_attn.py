@@ -97,8 +97,10 @@ def test_decode_and_prefill_shapes(layout, H, T):
 )
 def test_every_variant_at_every_head_count(layout, T, H, variant):
     """Each kernel variant the plan may pick, split (T = 1) and unsplit (T = 40)."""
-    q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
     launch = dict(tri.variants_for(H)[variant], num_splits=None if T == 1 else 1)
+    if launch["flashmla"] and not triton_flashmla.available():
+        pytest.skip("flash_mla is not installed")
+    q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
     out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, **launch)
     if T > 2:
         assert (out[2] == 0).all()
@@ -181,11 +183,12 @@ def test_decode_graph_capture(H, T):
 
 
 @pytest.mark.parametrize(
-    "H, variant", [(8, "ws_direct_n32"), (32, "ws_swap_w8_n32"), (64, "flashmla")]
+    "H, variant",
+    [(8, "ws_direct_n32"), (32, "ws_swap_w8_n32"), (64, "flashmla"), (64, "flashmla_private")],
 )
 def test_prefill_routes_graph_capture(H, variant):
     """The workspace routes (Triton over bf16 rows, FlashMLA) replay from a CUDA graph."""
-    if variant == "flashmla" and not triton_flashmla.available():
+    if variant.startswith("flashmla") and not triton_flashmla.available():
         pytest.skip("flash_mla is not installed")
     q, swa, sw, kv, tk, sink = make_case(40, H, 512, 128, 512, Layout.V41_FP4)
     launch = tri.variants_for(H)[variant]
