@@ -7,8 +7,9 @@ call is CUDA-graph capturable (static grid, no host syncs):
 - up to 16 heads: `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32;
 - 32 heads: the entries on M (SWAP), 8 warps, the next tile's records requested ahead;
 - 64 heads: batches under 8 tokens as 16-head programs; from 8 tokens 64-head programs whose
-  P V product trails one tile (SKEW); prefill-sized T on SM90 with `flash_mla` installed:
-  FlashMLA's sparse prefill over a bf16 workspace (`triton_flashmla`);
+  P V product trails one tile (SKEW); on SM90 with `flash_mla` installed, FlashMLA's sparse
+  prefill over a bf16 workspace (`triton_flashmla`): from 128 tokens one row per (token, entry)
+  (decode batches share no entries), from 1024 tokens each referenced record once;
 - prefill-sized T up to 32 heads: `triton_kernel` over a bf16 workspace of the referenced
   records, each dequantized once (`triton_workspace`);
 - fp32 q (the exact path, what the served layer passes): the same kernels with q and P split
@@ -38,6 +39,7 @@ from sglang_dsv41.kernels.sparse_attn.triton_records import BF16, V41, V41_FP4
 
 LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
+FLASHMLA_PRIVATE_MIN_TOKENS = 128  # from here to 1024: FlashMLA over per-entry workspace rows
 WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
 # fp32 q at D = 512 (the exact path, `_exact_variants`): under 8 programs of 16 heads, decode
 # and extend, T >= 1024 (benchmarks/RESULTS.md, "The served layer's exact path")
@@ -193,8 +195,8 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
         return v["swap_w8_n32_pf"]
     if T * triton.cdiv(H, 64) < 8:  # too few tokens to fill the GPU with 64-head programs
         return v["swap_w8_n32_pf_bh16"]
-    if H in (64, 128) and T >= FLASHMLA_MIN_TOKENS and _flashmla_ok(device):
-        return v["flashmla"]
+    if H in (64, 128) and T >= FLASHMLA_PRIVATE_MIN_TOKENS and _flashmla_ok(device):
+        return v["flashmla"] if T >= FLASHMLA_MIN_TOKENS else v["flashmla_private"]
     return v["skew64_n32"]
 
 
