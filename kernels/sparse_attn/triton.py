@@ -155,19 +155,12 @@ def _variants(H: int) -> dict:
     }
 
 
-def _exact_variants(H: int) -> dict:
-    """The exact path's variants (fp32 q) at H heads: 16-head programs, and above 16 heads
-    32-head programs with heads on M (with q's three parts, 64-head programs spill and need
-    more than the SM's 227 KB of shared memory, and so do 32-head ones with the entries on M
-    or tiles of 64); no FlashMLA (bf16 q) or SKEW; plus `ieee_bh16` (fp32 tiles with IEEE
-    products: the exact path before the three-part split)."""
+def _exact_variants() -> dict:
+    """The exact path's variants (fp32 q), at any H: 16-head programs (with q's three parts,
+    32 or 64 heads per program need more than the SM's 227 KB of shared memory), no FlashMLA
+    (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
+    the three-part split)."""
     v = {k: p for k, p in _variants(16).items() if not (p.flashmla or p.skew)}
-    if H > 16:
-        d32 = Plan(block_h=32, block_n=32, num_warps=8, swap=False)
-        v["direct_n32_bh32"] = d32
-        v["direct_n32_bh32_x2"] = dataclasses.replace(d32, per_sm=2)
-        v["direct_n16_bh32"] = dataclasses.replace(d32, block_n=16)
-        v["ws_direct_n32_bh32"] = dataclasses.replace(d32, workspace=True, num_stages=3)
     v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
     return v
 
@@ -176,7 +169,7 @@ def variants_for(H: int, exact: bool = False) -> dict:
     """Named launch options (every field of `Plan`) of each variant `plan_for` chooses from at H
     heads, for bf16 q or (exact) fp32 q; the GPU tests run each, benchmarks/bench_attention.py
     --sweep times each."""
-    v = _exact_variants(H) if exact else _variants(H)
+    v = _exact_variants() if exact else _variants(H)
     return {name: dataclasses.asdict(plan) for name, plan in v.items()}
 
 
@@ -189,7 +182,7 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
         nw = 4 if bh <= 16 else 8
         return Plan(block_h=bh, block_n=32, num_warps=nw, swap=False, ieee=exact and not interpret)
     if exact:
-        v = _exact_variants(H)
+        v = _exact_variants()
         if T >= WORKSPACE_MIN_TOKENS:
             return v[EXACT_PREFILL]
         return v[EXACT_FEW if T * triton.cdiv(H, 16) < 8 else EXACT_DECODE]
