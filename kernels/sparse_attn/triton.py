@@ -283,6 +283,11 @@ def _launch(q, swa_flat, swa_slots, kv_rows, kv_slots, kv_fmt, attn_sink, scale,
     exact = q.dtype == torch.float32
     exact3 = exact and not plan.ieee
     BH, BN = plan.block_h, plan.block_n
+    if exact3 and kv_fmt == V41_FP4 and BN < 32 and not interpret:
+        raise ValueError(
+            "fp32 q over V41_FP4 records needs block_n >= 32: with tiles of 16 the three-part "
+            "kernel gave wrong output on the H200 (Triton 3.6; benchmarks/RESULTS.md)"
+        )
     head_blocks = triton.cdiv(H, BH)
     n_tiles = triton.cdiv(W, BN) + triton.cdiv(TOPK, BN)
     ns = plan.num_splits or pick_splits(T, head_blocks, n_tiles, q.device, plan.per_sm)

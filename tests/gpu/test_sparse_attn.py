@@ -255,6 +255,14 @@ def test_exact_path_every_variant_d512(layout, T, H, variant):
     assert _exact_err(T, H, 512, layout, **launch) < EXACT_BOUND
 
 
+def test_exact_path_refuses_fp4_tiles_of_16():
+    """Tiles of 16 over FP4 records gave wrong output in the three-part kernel (Triton 3.6 on
+    the H200: error 1.3-1.5 at 16 / 32 heads, 4 / 8 warps); the launcher refuses them."""
+    q, swa, sw, kv, tk, sink = make_case(4, 16, 512, 128, 512, Layout.V41_FP4)
+    with pytest.raises(ValueError, match="block_n >= 32"):
+        sparse_attention(q.float(), SparseKV(swa, sw, kv, tk, Layout.V41_FP4), sink, block_n=16)
+
+
 @pytest.mark.parametrize("H", [8, 64])
 @pytest.mark.parametrize("T", [1, 8, 128])
 def test_exact_path_graph_capture(H, T):
