@@ -140,6 +140,7 @@ def _variants(H: int) -> dict:
         ),
     }  # fmt: skip
     small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
+    small["direct_n32_pf_x2"] = dataclasses.replace(small["direct_n32_x2"], prefetch=True)
     if H <= 32:
         return small
     return {
