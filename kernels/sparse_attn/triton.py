@@ -4,7 +4,8 @@
 picks a `Plan` from the shapes alone (tokens T, heads H, head dim D, capability), so a decode
 call is CUDA-graph capturable (static grid, no host syncs):
 
-- up to 16 heads: `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32;
+- up to 16 heads: `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32,
+  splits filling the GPU twice, from 32 tokens the next tile requested ahead;
 - 32 heads: the entries on M (SWAP), 8 warps, the next tile's records requested ahead;
 - 64 heads: batches under 8 tokens as 16-head programs; from 8 tokens 64-head programs whose
   P V product trails one tile (SKEW); on SM90 with `flash_mla` installed, FlashMLA's sparse
@@ -191,7 +192,7 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
         return v["ws_direct_n64"]
     if H <= 16:
-        return v["direct_n32_x2"]
+        return v["direct_n32_pf_x2"] if T >= 32 else v["direct_n32_x2"]
     if H <= 32:
         return v["swap_w8_n32_pf"]
     if T * triton.cdiv(H, 64) < 8:  # too few tokens to fill the GPU with 64-head programs
