@@ -219,6 +219,20 @@ def test_exact_path_three_parts_interpreted():
             assert err_first_part > 1e-4, (layout, launch, err_first_part)
 
 
+def _workspace_case(layout, D, T, W, TOPK, S1, S2):
+    """(swa, sw, kv, tk): S1 SWA and S2 main records, T tokens' slot lists with a short window
+    (token 0), top-k padding (token 1) and a token that sees nothing (token 3)."""
+    swa = pack(Layout.V41, torch.randn(S1, D))
+    kv = pack(layout, torch.randn(S2, D))
+    sw = torch.randint(0, S1, (T, W), dtype=torch.int32)
+    tk = torch.randint(0, S2, (T, TOPK), dtype=torch.int32)
+    sw[0, :2] = -1
+    tk[1, 4:] = -1
+    sw[3] = -1
+    tk[3] = -1
+    return swa, sw, kv, tk
+
+
 @pytest.mark.triton_interpret
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 def test_private_workspace_interpreted(layout):
@@ -228,14 +242,7 @@ def test_private_workspace_interpreted(layout):
 
     D, T, W, TOPK, S1, S2 = 64, 4, 6, 9, 30, 50
     N = W + TOPK
-    swa = pack(Layout.V41, torch.randn(S1, D))
-    kv = pack(layout, torch.randn(S2, D))
-    sw = torch.randint(0, S1, (T, W), dtype=torch.int32)
-    tk = torch.randint(0, S2, (T, TOPK), dtype=torch.int32)
-    sw[0, :2] = -1
-    tk[1, 4:] = -1
-    sw[3] = -1
-    tk[3] = -1
+    swa, sw, kv, tk = _workspace_case(layout, D, T, W, TOPK, S1, S2)
     ws, rows = build_private_workspace(swa, sw, kv, tk, layout is Layout.V41_FP4, D)
     assert ws.shape == (T * N + 1, D) and rows.shape == (T, 64)
     keys = torch.cat((gather_records(swa, sw, Layout.V41, D), gather_records(kv, tk, layout, D)), 1)
@@ -255,14 +262,7 @@ def test_flashmla_workspace_interpreted(layout):
     from sglang_dsv41.kernels.sparse_attn.triton_workspace import build_workspace
 
     D, T, W, TOPK, S1, S2 = 64, 5, 6, 9, 30, 50
-    swa = pack(Layout.V41, torch.randn(S1, D))
-    kv = pack(layout, torch.randn(S2, D))
-    sw = torch.randint(0, S1, (T, W), dtype=torch.int32)
-    tk = torch.randint(0, S2, (T, TOPK), dtype=torch.int32)
-    sw[0, :2] = -1
-    tk[1, 4:] = -1
-    sw[3] = -1
-    tk[3] = -1
+    swa, sw, kv, tk = _workspace_case(layout, D, T, W, TOPK, S1, S2)
     ws, rows = build_workspace(swa, sw, kv, tk, layout is Layout.V41_FP4, D)
     n_ref = len(set(sw[sw >= 0].tolist())) + len(set(tk[tk >= 0].tolist()))
     R = min(S1 + S2, T * (W + TOPK)) + 1
