@@ -14,9 +14,15 @@ the referenced slots are compacted and dequantized once:
 All steps run on device without host syncs (CUDA-graph capturable). Consumers: FlashMLA's sparse
 prefill (`triton_flashmla`) and the Triton kernel over BF16 rows (`triton.py`).
 
+Steps 1-2 walk the whole slot space (S1 + S2 flags and a cumulative sum over them, and step 3
+launches a program per 16 slots), which is cheap for the caches of one prompt but not for a
+served pool of tens of millions of slots; when the caches hold more than SORT_FACTOR x T N slots
+the referenced slots are sorted and ranked instead (`_build_sorted`: O(T N log) whatever the
+pool size) and `dequant_pick_kernel` dequantizes one row per unique slot.
+
 Decode tokens share no entries (each request has its own window and top-k), so there
 `build_private_workspace` skips the compaction: entry j of token t is dequantized into row
-t N + j by one kernel (`dequant_entries_kernel`).
+t N + j by the same `dequant_pick_kernel`.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import triton.language as tl
 from sglang_dsv41.kernels.sparse_attn.triton_records import deq, raw
 
 ROW_ALIGN = 64  # entry lists are padded to a multiple of 64 (FlashMLA walks blocks of 64)
+SORT_FACTOR = 8  # caches over 8 x the T N referenced entries: sort them instead of flagging
 MAX_ROWS = 1 << 18  # workspace rows per chunk of tokens: 256 MB of bf16 at D = 512
 
 
@@ -70,40 +77,57 @@ def dequant_rows_kernel(
 
 
 @triton.jit
-def dequant_entries_kernel(
+def dequant_pick_kernel(
     swa_ptr,  # uint8 [S1, D + D/32] V41 records
-    swa_idx_ptr,  # int32 [T, W]
+    swa_list_ptr,  # int32 [M]: a SWA slot, or -1
     kv_ptr,  # uint8 [S2, KV_RS] records in KV_FMT
-    kv_idx_ptr,  # int32 [T, TOPK]
-    ws_ptr,  # bf16 [T * (W + TOPK) + 1, D]
-    rows_ptr,  # int32 [T, N_PAD]
-    W,
-    TOPK,
-    N_PAD,
+    kv_list_ptr,  # int32 [M]: a main-KV slot, or -1 (where the SWA list has one)
+    ws_ptr,  # bf16 [>= M, D]
+    M,
     D: tl.constexpr,
     KV_RS: tl.constexpr,
     KV_FMT: tl.constexpr,
     BS: tl.constexpr,
 ):
-    """Entries j0 .. j0 + BS - 1 of token t: ws[t N + j] = entry j dequantized (SWA segment,
-    then top-k), rows[t, j] = t N + j, or -1 for a skipped entry and for j >= N."""
-    t = tl.program_id(0).to(tl.int64)
-    o_j = tl.program_id(1) * BS + tl.arange(0, BS)
-    N = W + TOPK
-    in_swa = o_j < W
-    in_kv = (o_j >= W) & (o_j < N)
-    s_swa = tl.load(swa_idx_ptr + t * W + o_j, mask=in_swa, other=-1)
-    s_kv = tl.load(kv_idx_ptr + t * TOPK + (o_j - W), mask=in_kv, other=-1)
+    """ws[i] = SWA record swa_list[i] dequantized, or main-KV record kv_list[i], for this
+    program's BS rows i; rows where both lists hold -1 are left alone."""
+    o_i = tl.program_id(0) * BS + tl.arange(0, BS)
+    m_i = o_i < M
+    s_swa = tl.load(swa_list_ptr + o_i, mask=m_i, other=-1)
+    s_kv = tl.load(kv_list_ptr + o_i, mask=m_i, other=-1)
     v1, c1 = raw(swa_ptr, D + D // 32, s_swa, D, 0)
     v2, c2 = raw(kv_ptr, KV_RS, s_kv, D, KV_FMT)
     k = tl.where(
-        in_swa[:, None], deq(v1, c1, D, BS, tl.float32, 0), deq(v2, c2, D, BS, tl.float32, KV_FMT)
+        (s_swa >= 0)[:, None],
+        deq(v1, c1, D, BS, tl.float32, 0),
+        deq(v2, c2, D, BS, tl.float32, KV_FMT),
     )  # [BS, D], exact in bf16
-    valid = (s_swa >= 0) | (s_kv >= 0)
-    row = t * N + o_j
     o_d = tl.arange(0, D)
-    tl.store(ws_ptr + row[:, None] * D + o_d[None, :], k.to(tl.bfloat16), mask=valid[:, None])
-    tl.store(rows_ptr + t * N_PAD + o_j, tl.where(valid, row, -1).to(tl.int32), mask=o_j < N_PAD)
+    p_ws = ws_ptr + o_i.to(tl.int64)[:, None] * D + o_d[None, :]
+    tl.store(p_ws, k.to(tl.bfloat16), mask=((s_swa >= 0) | (s_kv >= 0))[:, None])
+
+
+def _fill_picked(swa_flat, swa_list, kv_flat, kv_list, kv_fp4: bool, D: int, R: int):
+    """ws bf16 [R, D]: row i < len(lists) from `dequant_pick_kernel`, row R - 1 zeros."""
+    M = swa_list.numel()
+    ws = torch.empty(R, D, dtype=torch.bfloat16, device=swa_list.device)
+    ws[R - 1].zero_()
+    if M:
+        BS = 16
+        dequant_pick_kernel[(triton.cdiv(M, BS),)](
+            swa_flat, swa_list, kv_flat, kv_list, ws, M,
+            D=D, KV_RS=kv_flat.shape[1], KV_FMT=int(kv_fp4), BS=BS,
+        )  # fmt: skip
+    return ws
+
+
+def _rows(valid, row, n_pad: int, R: int):
+    """int32 [T, n_pad]: row where valid, else -1; a token with no entry gets row R - 1."""
+    T, N = valid.shape
+    rows = torch.full((T, n_pad), -1, dtype=torch.int32, device=valid.device)
+    rows[:, :N] = torch.where(valid, row, -1)
+    rows[:, 0] = torch.where(valid.any(dim=1), rows[:, 0], R - 1)
+    return rows
 
 
 def build_private_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int):
@@ -113,17 +137,12 @@ def build_private_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bo
     TOPK = topk_slots.shape[1]
     N = W + TOPK
     n_pad = triton.cdiv(N, ROW_ALIGN) * ROW_ALIGN
-    R = T * N + 1
-    ws = torch.empty(R, D, dtype=torch.bfloat16, device=swa_slots.device)
-    ws[R - 1].zero_()
-    rows = torch.empty(T, n_pad, dtype=torch.int32, device=swa_slots.device)
-    BS = 16
-    dequant_entries_kernel[(T, triton.cdiv(n_pad, BS))](
-        swa_flat, swa_slots, kv_flat, topk_slots, ws, rows, W, TOPK, n_pad,
-        D=D, KV_RS=kv_flat.shape[1], KV_FMT=int(kv_fp4), BS=BS,
-    )  # fmt: skip
-    rows[:, 0] = torch.where((rows >= 0).any(dim=1), rows[:, 0], R - 1)
-    return ws, rows
+    none = torch.full((T, N), -1, dtype=torch.int32, device=swa_slots.device)
+    swa_list = torch.cat((swa_slots, none[:, W:]), dim=1)  # [T, N]
+    kv_list = torch.cat((none[:, :W], topk_slots), dim=1)
+    ws = _fill_picked(swa_flat, swa_list, kv_flat, kv_list, kv_fp4, D, T * N + 1)
+    row = torch.arange(T * N, dtype=torch.int32, device=swa_slots.device).view(T, N)
+    return ws, _rows((swa_list >= 0) | (kv_list >= 0), row, n_pad, T * N + 1)
 
 
 def build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int):
@@ -136,14 +155,16 @@ def build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: i
     """
     T, W = swa_slots.shape
     TOPK = topk_slots.shape[1]
-    dev = swa_slots.device
     S1 = swa_flat.shape[0] if W else 0
     S2 = kv_flat.shape[0] if TOPK else 0
     N = W + TOPK
     n_pad = triton.cdiv(N, ROW_ALIGN) * ROW_ALIGN
-    R = min(S1 + S2, T * N) + 1
     c = torch.cat((swa_slots, torch.where(topk_slots >= 0, topk_slots + S1, -1)), dim=1)
     valid = c >= 0  # [T, N]
+    if S1 + S2 > SORT_FACTOR * T * N:
+        return _build_sorted(swa_flat, kv_flat, c, valid, S1, S2, kv_fp4, D, n_pad)
+    dev = swa_slots.device
+    R = min(S1 + S2, T * N) + 1
     c_any = torch.where(valid, c, S1 + S2).long()  # invalid entries flag the extra slot
     flag = torch.zeros(S1 + S2 + 1, dtype=torch.int32, device=dev)
     flag.index_fill_(0, c_any.flatten(), 1)
@@ -157,7 +178,28 @@ def build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: i
             dequant_rows_kernel[(triton.cdiv(n, BS),)](
                 src, flag[off:], row[off:], ws, n, D=D, RS=src.shape[1], BS=BS, FMT=fmt
             )
-    rows = torch.full((T, n_pad), -1, dtype=torch.int32, device=dev)
-    rows[:, :N] = torch.where(valid, row[c_any], -1)
-    rows[:, 0] = torch.where(valid.any(dim=1), rows[:, 0], R - 1)
-    return ws, rows
+    return ws, _rows(valid, row[c_any], n_pad, R)
+
+
+def _build_sorted(swa_flat, kv_flat, c, valid, S1: int, S2: int, kv_fp4: bool, D: int, n_pad):
+    """`build_workspace` for caches much larger than the T N entries referenced (a served pool):
+    the referenced slots are sorted and ranked instead of flagged over the whole slot space, so
+    the work is O(T N log) whatever the cache size. R = T N + 1 rows (the unique slots first)."""
+    T, N = c.shape
+    M = T * N
+    dev = c.device
+    key = torch.where(valid, c, S1 + S2).flatten()  # invalid entries sort last
+    key = key.to(torch.int32) if S1 + S2 < 2**31 - 1 else key.long()
+    sv, order = torch.sort(key)
+    first = torch.ones(M, dtype=torch.bool, device=dev)
+    first[1:] = sv[1:] != sv[:-1]
+    first &= sv < S1 + S2
+    rank = torch.cumsum(first, 0, dtype=torch.int32) - 1  # row of each sorted entry's slot
+    row = torch.empty(M, dtype=torch.int32, device=dev).scatter_(0, order, rank)
+    uniq = torch.full((M + 1,), -1, dtype=torch.int32, device=dev)  # row -> slot; M: a sink
+    uniq.scatter_(0, torch.where(first, rank, M).long(), sv.to(torch.int32))
+    uniq = uniq[:M]
+    swa_list = torch.where(uniq < S1, uniq, -1)
+    kv_list = torch.where(uniq >= S1, uniq - S1, -1)
+    ws = _fill_picked(swa_flat, swa_list, kv_flat, kv_list, kv_fp4, D, M + 1)
+    return ws, _rows(valid, row.view(T, N), n_pad, M + 1)

@@ -256,16 +256,20 @@ def test_private_workspace_interpreted(layout):
 
 @pytest.mark.triton_interpret
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-def test_flashmla_workspace_interpreted(layout):
+@pytest.mark.parametrize("sort", [False, True])
+def test_flashmla_workspace_interpreted(layout, sort, monkeypatch):
     """The FlashMLA path's workspace: each referenced record once, dequantized; entry lists
-    remapped to its rows (-1 kept, padded to 64); a token with no entry reads the zero row."""
-    from sglang_dsv41.kernels.sparse_attn.triton_workspace import build_workspace
+    remapped to its rows (-1 kept, padded to 64); a token with no entry reads the zero row.
+    Both compactions: flags over the slot space, and (sort: what a large pool takes) the
+    referenced slots sorted and ranked."""
+    from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
 
     D, T, W, TOPK, S1, S2 = 64, 5, 6, 9, 30, 50
+    monkeypatch.setattr(tw, "SORT_FACTOR", 0 if sort else 8)
     swa, sw, kv, tk = _workspace_case(layout, D, T, W, TOPK, S1, S2)
-    ws, rows = build_workspace(swa, sw, kv, tk, layout is Layout.V41_FP4, D)
+    ws, rows = tw.build_workspace(swa, sw, kv, tk, layout is Layout.V41_FP4, D)
     n_ref = len(set(sw[sw >= 0].tolist())) + len(set(tk[tk >= 0].tolist()))
-    R = min(S1 + S2, T * (W + TOPK)) + 1
+    R = (T * (W + TOPK) if sort else min(S1 + S2, T * (W + TOPK))) + 1
     assert ws.shape == (R, D) and rows.shape == (T, 64)
     assert (rows[:, W + TOPK :] == -1).all()
     keys = torch.cat((gather_records(swa, sw, Layout.V41, D), gather_records(kv, tk, layout, D)), 1)

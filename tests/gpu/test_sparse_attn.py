@@ -255,6 +255,28 @@ def test_exact_path_every_variant_d512(layout, T, H, variant):
     assert _exact_err(T, H, 512, layout, **launch) < EXACT_BOUND
 
 
+@pytest.mark.parametrize("H, variant", [(8, "ws_direct_n64"), (64, "flashmla")])
+def test_workspace_sorted_equals_flagged(H, variant, monkeypatch):
+    """The workspace compaction for large pools (sorted slots) gives the same output, bit for
+    bit, as the one over flags (rows in the same slot order), and replays from a CUDA graph."""
+    launch = tri.variants_for(H)[variant]
+    if launch["flashmla"] and not triton_flashmla.available():
+        pytest.skip("flash_mla is not installed")
+    q, swa, sw, kv, tk, sink = make_case(300, H, 512, 128, 512, Layout.V41_FP4)
+    skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+    flagged = sparse_attention(q, skv, sink, **launch)
+    monkeypatch.setattr(triton_workspace, "SORT_FACTOR", 0)
+    out = torch.empty_like(flagged)
+    sparse_attention(q, skv, sink, out=out, **launch)
+    assert torch.equal(out, flagged)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sparse_attention(q, skv, sink, out=out, **launch)
+    out.zero_()
+    g.replay()
+    assert torch.equal(out, flagged)
+
+
 def test_exact_path_refuses_fp4_tiles_of_16():
     """Tiles of 16 over FP4 records gave wrong output in the three-part kernel (Triton 3.6 on
     the H200: error 1.3-1.5 at 16 / 32 heads, 4 / 8 warps); the launcher refuses them."""

@@ -1,0 +1,89 @@
+"""The prefill workspace build against the size of the caches it compacts (one GPU, SM90+).
+
+    PYTHONPATH=. python3 benchmarks/bench_workspace.py [--json out.json]
+
+T = 4096 prefill tokens x (128-entry window + top-512) referencing one 16K-token prompt's
+records, inside caches of S1 SWA slots and S2 main-KV (V41_FP4) slots, from the benchmark's
+own prompt-sized caches up to a served pool's tens of millions of slots. For each size: the
+build with flags over the slot space (`build_workspace` below SORT_FACTOR) and with the
+referenced slots sorted (`_build_sorted`), graph-replay microseconds (`graph_timing.graph_us`),
+and whether the two give the same rows and values. The whole 64-head prefill call (FlashMLA
+route, where `flash_mla` imports) is timed with the default choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+from sglang_dsv41.kernels.args import SparseKV
+from sglang_dsv41.kernels.sparse_attn import sparse_attention
+from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
+from sglang_dsv41.kv.records import Layout
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from graph_timing import graph_us  # noqa: E402  (benchmarks/ is not a package)
+
+T, W, TOPK, CTX, D = 4096, 128, 512, 16384, 512
+MAIN_SLOTS = (8192, 1 << 20, 1 << 24, 1 << 26)  # the last: 64 M slots, 19 GB of FP4 records
+
+
+def case(s2: int, dev):
+    """(swa, sw, kv, tk): the prompt's records at random slots of caches of S1 = max(CTX, s2/16)
+    SWA and s2 main-KV slots (uninitialized beyond them: never read)."""
+    g = torch.Generator(device=dev).manual_seed(0)
+    s1 = max(CTX, s2 // 16)
+    swa = torch.empty(s1, D + D // 32, dtype=torch.uint8, device=dev)
+    kv = torch.empty(s2, 288, dtype=torch.uint8, device=dev)
+    swa_at = torch.randperm(s1, device=dev, generator=g)[:CTX]
+    kv_at = torch.randperm(s2, device=dev, generator=g)[: CTX // 2]
+    swa[swa_at] = torch.randint(0, 0x70, (CTX, D + D // 32), dtype=torch.uint8, device=dev)
+    kv[kv_at] = torch.randint(0, 0x70, (CTX // 2, 288), dtype=torch.uint8, device=dev)
+    pos = torch.arange(CTX - T, CTX, device=dev)
+    sw = swa_at[(pos[:, None] - torch.arange(W - 1, -1, -1, device=dev)[None]).clamp(min=0)]
+    pick = torch.rand(T, CTX // 2, device=dev, generator=g).topk(TOPK, dim=1).indices
+    return swa, sw.int(), kv, kv_at[pick].int()
+
+
+def measure(s2: int, dev) -> dict:
+    swa, sw, kv, tk = case(s2, dev)
+    row = dict(main_slots=s2, swa_slots=swa.shape[0], tokens=T, entries=W + TOPK)
+    built = {}
+    for name, factor in (("flags", 1 << 40), ("sorted", 0)):
+        tw.SORT_FACTOR = factor
+        row[f"{name}_us"] = graph_us(lambda: tw.build_workspace(swa, sw, kv, tk, True, D))
+        built[name] = tw.build_workspace(swa, sw, kv, tk, True, D)
+    tw.SORT_FACTOR = 8
+    (wf, rf), (wsort, rsort) = built["flags"], built["sorted"]
+    ok = rf >= 0
+    row["same_rows_and_values"] = bool(
+        torch.equal(rf, rsort) and torch.equal(wf[rf[ok].long()], wsort[rsort[ok].long()])
+    )
+    q = torch.randn(T, 64, D, device=dev, dtype=torch.bfloat16)
+    sink = torch.randn(64, device=dev)
+    skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+    row["prefill_64_heads_us"] = graph_us(lambda: sparse_attention(q, skv, sink))
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    rows = []
+    for s2 in MAIN_SLOTS:
+        rows.append(measure(s2, dev))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
