@@ -96,20 +96,33 @@ def slots(kind: str, n: int, seed: int = 0):
     return swa.int(), pick.int(), PREFILL_CTX, n_entries
 
 
-def ours_fn(kind: str, n: int, H: int, layout: Layout, launch: dict, exact=False, err=False):
-    """The call to time (as the served layer makes it: no `out`, bf16 output), or with err its
-    relative error against the fp32 reference."""
+def ours_inputs(kind: str, n: int, H: int, layout: Layout, exact: bool) -> tuple:
+    """(q, SparseKV, sink) of one case; q fp32 (the exact path) or bf16."""
     sw, tk, n_swa, n_kv = slots(kind, n)
     swa = random_records(n_swa, 528)
     kv = random_records(n_kv, record_bytes(layout, D))
     q = torch.randn(n, H, D, device=DEV, dtype=torch.float32 if exact else torch.bfloat16)
-    sink = torch.randn(H, device=DEV)
-    skv = SparseKV(swa, sw, kv, tk, layout)
-    if err:
-        ref = sparse_attention_ref(q, skv, sink, None, torch.float32)
-        out = sparse_attention(q, skv, sink, out_dtype=torch.float32, **launch)
-        return ((out - ref).norm() / ref.norm()).item()
+    return q, SparseKV(swa, sw, kv, tk, layout), torch.randn(H, device=DEV)
+
+
+def ours_fn(kind: str, n: int, H: int, layout: Layout, launch: dict, exact=False):
+    """The call to time, as the served layer makes it (no `out`, bf16 output)."""
+    q, skv, sink = ours_inputs(kind, n, H, layout, exact)
     return lambda: sparse_attention(q, skv, sink, **launch)
+
+
+def ours_err(kind: str, n: int, H: int, layout: Layout, exact: bool) -> float:
+    """Relative error of the default launch against the fp32 torch reference."""
+    q, skv, sink = ours_inputs(kind, n, H, layout, exact)
+    ref = sparse_attention_ref(q, skv, sink, None, torch.float32)
+    out = sparse_attention(q, skv, sink, out_dtype=torch.float32)
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def swept(launch: dict, kind: str) -> bool:
+    """Whether a sweep times this variant in this case: the prefill FlashMLA route only in
+    prefill (its per-entry decode form everywhere)."""
+    return not launch.get("flashmla") or kind == "prefill" or bool(launch.get("private"))
 
 
 def fm_decode_fn(B: int):
@@ -167,7 +180,7 @@ def cases():
 
 def _warm(jobs):
     """Compile (and run once) each job: fills Triton's disk cache for the timing process.
-    A job is (kind, n, H, layout, launch) or ("ablate", H, BN, warps, swap)."""
+    A job is (kind, n, H, layout, launch, exact) or ("ablate", H, BN, warps, swap)."""
     for job in jobs:
         try:
             if job[0] == "ablate":
@@ -308,7 +321,7 @@ def main():
                 jobs.append((kind, n, H, layout.value, {}, exact))
             if args.sweep:
                 for launch in sa.variants_for(H, exact).values():
-                    if not launch.get("flashmla") or kind == "prefill" or launch.get("private"):
+                    if swept(launch, kind):
                         jobs.append((kind, n, H, Layout.V41_FP4.value, launch, exact))
     if args.ablate:
         jobs += [("ablate", *cfg) for cfg in ABLATE]
@@ -343,7 +356,7 @@ def main():
             if args.sweep:  # first: a launch that breaks graph capture goes last (FlashMLA)
                 row["sweep_fp4_us"] = {}
                 for name, launch in sa.variants_for(H, exact).items():
-                    if launch.get("flashmla") and kind != "prefill" and not launch.get("private"):
+                    if not swept(launch, kind):
                         continue
                     row["sweep_fp4_us"][name] = timed(name, kind, n, H, Layout.V41_FP4, launch)
             for layout in (Layout.V41_FP4, Layout.V41):
@@ -355,7 +368,7 @@ def main():
                 )
             row["flop"], row["bytes_fp4"] = work(kind, n, H, 288)
             if exact:
-                row["err_fp4_vs_fp32_ref"] = ours_fn(kind, n, H, Layout.V41_FP4, {}, True, True)
+                row["err_fp4_vs_fp32_ref"] = ours_err(kind, n, H, Layout.V41_FP4, exact)
             row["ratio_fp4"] = row["ours_fp4_us"] / row["flashmla_us"]
             row["ratio_v41"] = row["ours_v41_us"] / row["flashmla_us"]
             rows.append(row)

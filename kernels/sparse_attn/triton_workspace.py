@@ -188,8 +188,7 @@ def _build_sorted(swa_flat, kv_flat, c, valid, S1: int, S2: int, kv_fp4: bool, D
     T, N = c.shape
     M = T * N
     dev = c.device
-    key = torch.where(valid, c, S1 + S2).flatten()  # invalid entries sort last
-    key = key.to(torch.int32) if S1 + S2 < 2**31 - 1 else key.long()
+    key = torch.where(valid, c, S1 + S2).flatten()  # int32 slots; invalid entries sort last
     sv, order = torch.sort(key)
     first = torch.ones(M, dtype=torch.bool, device=dev)
     first[1:] = sv[1:] != sv[:-1]
@@ -197,7 +196,7 @@ def _build_sorted(swa_flat, kv_flat, c, valid, S1: int, S2: int, kv_fp4: bool, D
     rank = torch.cumsum(first, 0, dtype=torch.int32) - 1  # row of each sorted entry's slot
     row = torch.empty(M, dtype=torch.int32, device=dev).scatter_(0, order, rank)
     uniq = torch.full((M + 1,), -1, dtype=torch.int32, device=dev)  # row -> slot; M: a sink
-    uniq.scatter_(0, torch.where(first, rank, M).long(), sv.to(torch.int32))
+    uniq.scatter_(0, torch.where(first, rank, M).long(), sv)
     uniq = uniq[:M]
     swa_list = torch.where(uniq < S1, uniq, -1)
     kv_list = torch.where(uniq >= S1, uniq - S1, -1)
