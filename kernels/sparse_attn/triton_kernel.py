@@ -152,6 +152,7 @@ def _walk(
     DT: tl.constexpr,
     PREC: tl.constexpr,
     EXACT3: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Tiles t0 .. t1 - 1 of one segment: n slots at p_idx into the rows (format FMT, stride RS)
     at base; state (m_i, l_i, acc, p_prev, k_prev) as in `_step`, returned updated."""
@@ -162,7 +163,7 @@ def _walk(
         for u in range(t0, t1):
             n_v, n_s = raw(base, RS, idx_n, D, FMT)  # tile u + 1, in flight during tile u
             idx_nn = load_idx(p_idx, u + 2, n, u + 2 < t1, BN)
-            b_k = deq(b_v, b_s, D, BN, DT, FMT)
+            b_k = deq(b_v, b_s, D, BN, DT, FMT, FAST)
             state = _step(b_q, b_k, idx >= 0, state, qk_scale, SWAP, SKEW, PREC, EXACT3)
             idx = idx_n
             idx_n = idx_nn
@@ -172,7 +173,7 @@ def _walk(
         for u in range(t0, t1):
             idx = load_idx(p_idx, u, n, True, BN)
             b_v, b_s = raw(base, RS, idx, D, FMT)
-            b_k = deq(b_v, b_s, D, BN, DT, FMT)
+            b_k = deq(b_v, b_s, D, BN, DT, FMT, FAST)
             state = _step(b_q, b_k, idx >= 0, state, qk_scale, SWAP, SKEW, PREC, EXACT3)
     return state
 
@@ -219,6 +220,15 @@ def sparse_attn_kernel(
     # them). Otherwise the products are bf16: EXACT3 splits fp32 q and P into three bf16 parts
     # each (exact products); else ROUND_Q rounds q to bf16 first (the fast path's meaning).
     DT: tl.constexpr = tl.float32 if DOT_FP32 else tl.bfloat16
+    # FAST: records dequantized by inline PTX (triton_records.FAST_FACTOR): the tiles are the
+    # values x 2^-8, so the logit scale and the output take 2^8. Only where it was measured
+    # faster and builds (benchmarks/RESULTS.md): programs of up to 32 heads with bf16 q. Not
+    # with a BF16 workspace (its rows are the values: the factors would mix), not on the exact
+    # path (slower there: 115.7 against 92.2 us at 8 heads, batch 128), not at 64 heads per
+    # program (Triton 3.6 fails to build it over V41_FP4 records).
+    FAST: tl.constexpr = (not DOT_FP32) and (not EXACT3) and KV_FMT != 2 and BH <= 32
+    if FAST:
+        qk_scale = qk_scale * 256.0
     i_t = tl.program_id(0).to(tl.int64)
     i_hb = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -280,6 +290,7 @@ def sparse_attn_kernel(
         DT,
         PREC,
         EXACT3,
+        FAST,
     )
     state = _walk(
         b_q,
@@ -300,6 +311,7 @@ def sparse_attn_kernel(
         DT,
         PREC,
         EXACT3,
+        FAST,
     )
     m_i, l_i, acc, p_prev, k_prev = state
     if SKEW:  # the last tile's P V
@@ -310,7 +322,7 @@ def sparse_attn_kernel(
 
     if SPLIT:
         l_safe = tl.where(l_i > 0, l_i, 1.0)
-        inv = 1.0 / l_safe
+        inv = (256.0 if FAST else 1.0) / l_safe
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(lse_ptr + (i_t * num_splits + i_s) * H + o_h, lse, mask=m_h)
     else:
@@ -322,6 +334,8 @@ def sparse_attn_kernel(
         w = tl.exp2(m_i - m_f)
         den = l_i * w + tl.exp2(s2 - m_f)
         inv = w / tl.where(den > 0, den, 1.0)
+        if FAST:
+            inv = inv * 256.0
     p_o = o_ptr + i_t * stride_ot + i_s * stride_os
     if SWAP:
         o = acc * inv[None, :]  # [D, BH]
