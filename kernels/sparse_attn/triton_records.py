@@ -176,7 +176,12 @@ def raw(base, RS: tl.constexpr, idx, D: tl.constexpr, FMT: tl.constexpr):
 
 @triton.jit
 def deq(
-    b_v, b_s, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, FMT: tl.constexpr,
+    b_v,
+    b_s,
+    D: tl.constexpr,
+    BN: tl.constexpr,
+    DT: tl.constexpr,
+    FMT: tl.constexpr,
     FAST: tl.constexpr = False,
 ):
     """What `raw` returned -> DT [BN, D], zeros where the slot was -1. FAST (records only, DT
