@@ -142,6 +142,9 @@ def _variants(H: int) -> dict:
     }  # fmt: skip
     small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
     small["direct_n32_pf_x2"] = dataclasses.replace(small["direct_n32_x2"], prefetch=True)
+    # tiles of 64: two independent logit chains per warp instead of one
+    small["direct_n64_x2"] = dataclasses.replace(small["direct_n32_x2"], block_n=64)
+    small["direct_n64_pf_x2"] = dataclasses.replace(small["direct_n32_pf_x2"], block_n=64)
     if H <= 32:
         return small
     return {
@@ -261,10 +264,7 @@ def sparse_attention(
         from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
 
         empty = swa_slots[:, :0]
-        for t0, t1 in tw.token_chunks(swa_flat, swa_slots, kv_flat, topk_slots):
-            ws, rows = tw.build_workspace(
-                swa_flat, swa_slots[t0:t1], kv_flat, topk_slots[t0:t1], kv_fp4, D
-            )
+        for t0, t1, ws, rows in tw.workspaces(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, D):
             _launch(q[t0:t1], swa_flat, empty[t0:t1], ws, rows, BF16, attn_sink, scale,
                     out[t0:t1], plan)  # fmt: skip
         return out

@@ -12,11 +12,7 @@ import functools
 
 import torch
 
-from sglang_dsv41.kernels.sparse_attn.triton_workspace import (
-    build_private_workspace,
-    build_workspace,
-    token_chunks,
-)
+from sglang_dsv41.kernels.sparse_attn.triton_workspace import workspaces
 
 
 @functools.cache
@@ -46,13 +42,9 @@ def sparse_attention(
             f"{tuple(q.shape)}"
         )
     q = q if q.is_contiguous() else q.contiguous()  # FlashMLA reads q densely
-    chunks = token_chunks(swa_flat, swa_slots, kv_flat, topk_slots, private)
-    build = build_private_workspace if private else build_workspace
-    own = out is None and out_dtype == torch.bfloat16 and len(chunks) == 1
-    if out is None and not own:
-        out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
-    for t0, t1 in chunks:
-        ws, rows = build(swa_flat, swa_slots[t0:t1], kv_flat, topk_slots[t0:t1], kv_fp4, D)
+    for t0, t1, ws, rows in workspaces(
+        swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, D, private
+    ):
         o = flash_mla.flash_mla_sparse_fwd(
             q[t0:t1],
             ws.view(-1, 1, D),
@@ -63,7 +55,9 @@ def sparse_attention(
             use_legacy=True,
             return_log2_lse=False,
         )[0]
-        if own:
-            return o
+        if out is None and out_dtype == torch.bfloat16 and (t0, t1) == (0, T):
+            return o  # one chunk: FlashMLA's own output
+        if out is None:
+            out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
         out[t0:t1].copy_(o)
     return out

@@ -67,13 +67,14 @@ def dequant_rows_kernel(
     o_s = tl.program_id(0) * BS + tl.arange(0, BS)
     m_s = o_s < S
     flag = tl.load(flag_ptr + o_s, mask=m_s, other=0)
-    slot = tl.where(flag != 0, o_s, -1)
-    b_v, b_s = raw(src_ptr, RS, slot, D, FMT)
-    b_k = deq(b_v, b_s, D, BS, tl.float32, FMT)  # [BS, D], exact in bf16
-    row = tl.load(row_ptr + o_s, mask=m_s, other=0).to(tl.int64)
-    o_d = tl.arange(0, D)
-    p_ws = ws_ptr + row[:, None] * D + o_d[None, :]
-    tl.store(p_ws, b_k.to(ws_ptr.dtype.element_ty), mask=(slot >= 0)[:, None])
+    if tl.max(flag, 0) != 0:  # most blocks of a large cache hold no referenced slot
+        slot = tl.where(flag != 0, o_s, -1)
+        b_v, b_s = raw(src_ptr, RS, slot, D, FMT)
+        b_k = deq(b_v, b_s, D, BS, tl.float32, FMT)  # [BS, D], exact in bf16
+        row = tl.load(row_ptr + o_s, mask=m_s, other=0).to(tl.int64)
+        o_d = tl.arange(0, D)
+        p_ws = ws_ptr + row[:, None] * D + o_d[None, :]
+        tl.store(p_ws, b_k.to(ws_ptr.dtype.element_ty), mask=(slot >= 0)[:, None])
 
 
 @triton.jit
@@ -89,22 +90,22 @@ def dequant_pick_kernel(
     KV_FMT: tl.constexpr,
     BS: tl.constexpr,
 ):
-    """ws[i] = SWA record swa_list[i] dequantized, or main-KV record kv_list[i], for this
-    program's BS rows i; rows where both lists hold -1 are left alone."""
+    """ws[i] = SWA record swa_list[i] dequantized, or main-KV record kv_list[i] (at most one of
+    the two is >= 0), for this program's BS rows i; rows where both hold -1 are left alone."""
     o_i = tl.program_id(0) * BS + tl.arange(0, BS)
     m_i = o_i < M
     s_swa = tl.load(swa_list_ptr + o_i, mask=m_i, other=-1)
     s_kv = tl.load(kv_list_ptr + o_i, mask=m_i, other=-1)
-    v1, c1 = raw(swa_ptr, D + D // 32, s_swa, D, 0)
-    v2, c2 = raw(kv_ptr, KV_RS, s_kv, D, KV_FMT)
-    k = tl.where(
-        (s_swa >= 0)[:, None],
-        deq(v1, c1, D, BS, tl.float32, 0),
-        deq(v2, c2, D, BS, tl.float32, KV_FMT),
-    )  # [BS, D], exact in bf16
     o_d = tl.arange(0, D)
     p_ws = ws_ptr + o_i.to(tl.int64)[:, None] * D + o_d[None, :]
-    tl.store(p_ws, k.to(tl.bfloat16), mask=((s_swa >= 0) | (s_kv >= 0))[:, None])
+    if tl.max(s_swa, 0) >= 0:  # a block dequantizes only the formats it holds
+        v1, c1 = raw(swa_ptr, D + D // 32, s_swa, D, 0)
+        k1 = deq(v1, c1, D, BS, tl.float32, 0)  # [BS, D], exact in bf16
+        tl.store(p_ws, k1.to(tl.bfloat16), mask=(s_swa >= 0)[:, None])
+    if tl.max(s_kv, 0) >= 0:
+        v2, c2 = raw(kv_ptr, KV_RS, s_kv, D, KV_FMT)
+        k2 = deq(v2, c2, D, BS, tl.float32, KV_FMT)
+        tl.store(p_ws, k2.to(tl.bfloat16), mask=(s_kv >= 0)[:, None])
 
 
 def _fill_picked(swa_flat, swa_list, kv_flat, kv_list, kv_fp4: bool, D: int, R: int):
@@ -128,6 +129,33 @@ def _rows(valid, row, n_pad: int, R: int):
     rows[:, :N] = torch.where(valid, row, -1)
     rows[:, 0] = torch.where(valid.any(dim=1), rows[:, 0], R - 1)
     return rows
+
+
+def workspaces(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int, private=False):
+    """Yield (t0, t1, ws, rows): the workspace (`build_workspace`, or `build_private_workspace`
+    when private) of tokens t0 .. t1 - 1, in chunks of at most MAX_ROWS rows (`token_chunks`,
+    from the static bound min(cache slots, T N)). Outside CUDA-graph capture, when that bound
+    needs several chunks or the caches are large enough for the sorted compaction, all T tokens
+    are first tried at once, sized to the slots they reference (one host sync): a prefill chunk
+    of a served pool references far fewer slots than T N, and each chunk costs its own launches
+    (eager prefill at 1 M main-KV slots: 8.7 ms in 11 chunks, benchmarks/RESULTS.md)."""
+    T, W = swa_slots.shape
+    TOPK = topk_slots.shape[1]
+    S1 = swa_flat.shape[0] if W else 0
+    S2 = kv_flat.shape[0] if TOPK else 0
+    capturing = swa_slots.is_cuda and torch.cuda.is_current_stream_capturing()
+    chunks = token_chunks(swa_flat, swa_slots, kv_flat, topk_slots, private)
+    big = S1 + S2 > SORT_FACTOR * T * (W + TOPK)
+    if not private and not capturing and T and (big or len(chunks) > 1):
+        c = torch.cat((swa_slots, torch.where(topk_slots >= 0, topk_slots + S1, -1)), dim=1)
+        n_pad = triton.cdiv(W + TOPK, ROW_ALIGN) * ROW_ALIGN
+        one = _build_sorted(swa_flat, kv_flat, c, c >= 0, S1, S2, kv_fp4, D, n_pad, True)
+        if one is not None:
+            yield 0, T, *one
+            return
+    build = build_private_workspace if private else build_workspace
+    for t0, t1 in chunks:
+        yield t0, t1, *build(swa_flat, swa_slots[t0:t1], kv_flat, topk_slots[t0:t1], kv_fp4, D)
 
 
 def build_private_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int):
@@ -181,10 +209,14 @@ def build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: i
     return ws, _rows(valid, row[c_any], n_pad, R)
 
 
-def _build_sorted(swa_flat, kv_flat, c, valid, S1: int, S2: int, kv_fp4: bool, D: int, n_pad):
+def _build_sorted(
+    swa_flat, kv_flat, c, valid, S1: int, S2: int, kv_fp4: bool, D: int, n_pad, exact_size=False
+):
     """`build_workspace` for caches much larger than the T N entries referenced (a served pool):
     the referenced slots are sorted and ranked instead of flagged over the whole slot space, so
-    the work is O(T N log) whatever the cache size. R = T N + 1 rows (the unique slots first)."""
+    the work is O(T N log) whatever the cache size. R = T N + 1 rows (the unique slots first),
+    or with exact_size U + 1 for the U unique slots (one host sync; None when U + 1 exceeds
+    MAX_ROWS)."""
     T, N = c.shape
     M = T * N
     dev = c.device
@@ -197,8 +229,13 @@ def _build_sorted(swa_flat, kv_flat, c, valid, S1: int, S2: int, kv_fp4: bool, D
     row = torch.empty(M, dtype=torch.int32, device=dev).scatter_(0, order, rank)
     uniq = torch.full((M + 1,), -1, dtype=torch.int32, device=dev)  # row -> slot; M: a sink
     uniq.scatter_(0, torch.where(first, rank, M).long(), sv)
-    uniq = uniq[:M]
+    R = M + 1
+    if exact_size:
+        R = int(first.sum()) + 1  # the host sync
+        if R > MAX_ROWS:
+            return None
+    uniq = uniq[: R - 1]
     swa_list = torch.where(uniq < S1, uniq, -1)
     kv_list = torch.where(uniq >= S1, uniq - S1, -1)
-    ws = _fill_picked(swa_flat, swa_list, kv_flat, kv_list, kv_fp4, D, M + 1)
-    return ws, _rows(valid, row.view(T, N), n_pad, M + 1)
+    ws = _fill_picked(swa_flat, swa_list, kv_flat, kv_list, kv_fp4, D, R)
+    return ws, _rows(valid, row.view(T, N), n_pad, R)

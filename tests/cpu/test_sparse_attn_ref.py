@@ -255,6 +255,35 @@ def test_private_workspace_interpreted(layout):
 
 
 @pytest.mark.triton_interpret
+def test_workspaces_sized_to_the_referenced_slots_interpreted(monkeypatch):
+    """Outside graph capture, a large cache's workspace is built once for every token, with one
+    row per referenced slot (plus the zero row), in slot order; MAX_ROWS below that falls back to
+    chunks of the static bound."""
+    from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
+
+    D, T, W, TOPK, S1, S2 = 64, 5, 6, 9, 30, 50
+    monkeypatch.setattr(tw, "SORT_FACTOR", 0)
+    swa, sw, kv, tk = _workspace_case(Layout.V41_FP4, D, T, W, TOPK, S1, S2)
+    n_ref = len(set(sw[sw >= 0].tolist())) + len(set(tk[tk >= 0].tolist()))
+    (t0, t1, ws, rows), *more = list(tw.workspaces(swa, sw, kv, tk, True, D))
+    assert (t0, t1) == (0, T) and not more and ws.shape == (n_ref + 1, D)
+    keys = torch.cat(
+        (gather_records(swa, sw, Layout.V41, D), gather_records(kv, tk, Layout.V41_FP4, D)), 1
+    )
+    valid = torch.cat((sw, tk), 1) >= 0
+    got = ws.float()[rows[:, : W + TOPK].clamp(min=0).long()]
+    assert torch.equal(got[valid], keys[valid]) and rows[3, 0] == n_ref
+    monkeypatch.setattr(tw, "MAX_ROWS", 32)  # under n_ref + 1: chunks of 32 // 15 = 2 tokens
+    assert [c[:2] for c in tw.workspaces(swa, sw, kv, tk, True, D)] == [(0, 2), (2, 4), (4, 5)]
+    # a small cache (no sorting by size) whose static bound needs chunks: one exact-size build
+    monkeypatch.setattr(tw, "SORT_FACTOR", 10**9)
+    monkeypatch.setattr(tw, "MAX_ROWS", n_ref + 1)
+    assert n_ref + 1 < min(S1 + S2, T * (W + TOPK)) and len(tw.token_chunks(swa, sw, kv, tk)) > 1
+    (t0, t1, ws2, rows2), *more = list(tw.workspaces(swa, sw, kv, tk, True, D))
+    assert (t0, t1) == (0, T) and not more and torch.equal(ws2, ws) and torch.equal(rows2, rows)
+
+
+@pytest.mark.triton_interpret
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 @pytest.mark.parametrize("sort", [False, True])
 def test_flashmla_workspace_interpreted(layout, sort, monkeypatch):
