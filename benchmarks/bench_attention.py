@@ -19,7 +19,8 @@ read once. `--sweep` times each kernel variant the plan chooses from; `--ablate`
 kernel with stages left out; `--jobs N` compiles the variants in N processes first.
 `--exact` times ours with fp32 queries (the exact path, what the served layer passes; the peer
 stays FlashMLA's bf16 kernels) and reports each default launch's error against the fp32 torch
-reference.
+reference. `--launch fast=0` (fields of `triton.Plan`, comma-separated) overrides every launch
+of ours: two runs side by side time a plan field's effect.
 """
 
 from __future__ import annotations
@@ -294,6 +295,20 @@ def commit() -> str:
     return r.stdout.strip() or "unknown"
 
 
+def parse_launch(text: str) -> dict:
+    """ "fast=0,block_n=32" -> {"fast": False, "block_n": 32}, typed by `triton.Plan`'s fields."""
+    import dataclasses
+
+    types = {f.name: f.type for f in dataclasses.fields(sa.Plan)}
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, val = item.partition("=")
+        if key not in types:
+            raise SystemExit(f"--launch: {key!r} is not a field of Plan ({sorted(types)})")
+        out[key] = bool(int(val)) if types[key] in (bool, "bool") else int(val)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -302,8 +317,10 @@ def main():
     ap.add_argument("--jobs", type=int, default=1, help="processes compiling before timing")
     ap.add_argument("--heads", default=",".join(map(str, HEADS)))
     ap.add_argument("--exact", action="store_true", help="fp32 queries (the served layer's)")
+    ap.add_argument("--launch", default="", help="Plan fields for every launch: fast=0,...")
     args = ap.parse_args()
     exact = args.exact
+    over = parse_launch(args.launch)
     heads = [int(h) for h in args.heads.split(",")]
     res = dict(
         device=torch.cuda.get_device_name(),
@@ -312,17 +329,18 @@ def main():
         commit=commit(),
         time=time.ctime(),
         queries="fp32 (exact path)" if exact else "bf16",
+        launch=over,
     )
 
     jobs = []
     for H in heads:
         for kind, n in cases():
             for layout in (Layout.V41_FP4, Layout.V41):
-                jobs.append((kind, n, H, layout.value, {}, exact))
+                jobs.append((kind, n, H, layout.value, over, exact))
             if args.sweep:
                 for launch in sa.variants_for(H, exact).values():
                     if swept(launch, kind):
-                        jobs.append((kind, n, H, Layout.V41_FP4.value, launch, exact))
+                        jobs.append((kind, n, H, Layout.V41_FP4.value, launch | over, exact))
     if args.ablate:
         jobs += [("ablate", *cfg) for cfg in ABLATE]
     res["compile_s"] = warm_compile(jobs, args.jobs)
@@ -358,10 +376,11 @@ def main():
                 for name, launch in sa.variants_for(H, exact).items():
                     if not swept(launch, kind):
                         continue
+                    launch = launch | over
                     row["sweep_fp4_us"][name] = timed(name, kind, n, H, Layout.V41_FP4, launch)
             for layout in (Layout.V41_FP4, Layout.V41):
                 key = "fp4" if layout is Layout.V41_FP4 else "v41"
-                row[f"ours_{key}_us"] = timed(f"default {key}", kind, n, H, layout, {})
+                row[f"ours_{key}_us"] = timed(f"default {key}", kind, n, H, layout, over)
                 flop, nbytes = work(kind, n, H, record_bytes(layout, D))
                 row[f"floor_{key}_us"] = max(
                     flop / ceil["bf16_TFLOPs"] / 1e6, nbytes / ceil["copy_TBps"] / 1e6

@@ -102,7 +102,9 @@ class Plan:
     flashmla: FlashMLA's sparse prefill over a dequantized workspace (triton_flashmla);
     workspace: this kernel over that workspace's BF16 rows (triton_workspace);
     ieee: fp32 q only: fp32 tiles with IEEE products instead of three bf16 parts;
-    private: with flashmla, one workspace row per (token, entry), no compaction (decode).
+    private: with flashmla, one workspace row per (token, entry), no compaction (decode);
+    fast: records dequantized by inline PTX where the kernel allows it (triton_kernel: up to 32
+    heads per program, bf16 q); False keeps Triton's own conversions.
     """
 
     block_h: int
@@ -118,6 +120,7 @@ class Plan:
     workspace: bool = False
     ieee: bool = False
     private: bool = False
+    fast: bool = True
 
 
 def _variants(H: int) -> dict:
@@ -142,9 +145,6 @@ def _variants(H: int) -> dict:
     }  # fmt: skip
     small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
     small["direct_n32_pf_x2"] = dataclasses.replace(small["direct_n32_x2"], prefetch=True)
-    # tiles of 64: two independent logit chains per warp instead of one
-    small["direct_n64_x2"] = dataclasses.replace(small["direct_n32_x2"], block_n=64)
-    small["direct_n64_pf_x2"] = dataclasses.replace(small["direct_n32_pf_x2"], block_n=64)
     if H <= 32:
         return small
     return {
@@ -336,6 +336,7 @@ def _launch(q, swa_flat, swa_slots, kv_rows, kv_slots, kv_fmt, attn_sink, scale,
         ROUND_Q=not exact,
         PREC="ieee" if exact else "tf32",
         EXACT3=exact3,
+        FAST_DEQ=plan.fast,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )

@@ -214,6 +214,7 @@ def sparse_attn_kernel(
     ROUND_Q: tl.constexpr,
     PREC: tl.constexpr,
     EXACT3: tl.constexpr = False,
+    FAST_DEQ: tl.constexpr = True,
 ):
     # DOT_FP32: fp32 tiles, for TRITON_INTERPRET=1 (its bf16 dot is wrong) and for the IEEE
     # exact path (fp32 q, PREC = "ieee": true fp32 products, as the torch reference computes
@@ -226,7 +227,7 @@ def sparse_attn_kernel(
     # with a BF16 workspace (its rows are the values: the factors would mix), not on the exact
     # path (slower there: 115.7 against 92.2 us at 8 heads, batch 128), not at 64 heads per
     # program (Triton 3.6 fails to build it over V41_FP4 records).
-    FAST: tl.constexpr = (not DOT_FP32) and (not EXACT3) and KV_FMT != 2 and BH <= 32
+    FAST: tl.constexpr = FAST_DEQ and (not DOT_FP32) and (not EXACT3) and KV_FMT != 2 and BH <= 32
     if FAST:
         qk_scale = qk_scale * 256.0
     i_t = tl.program_id(0).to(tl.int64)
