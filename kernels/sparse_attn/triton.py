@@ -104,7 +104,8 @@ class Plan:
     ieee: fp32 q only: fp32 tiles with IEEE products instead of three bf16 parts;
     private: with flashmla, one workspace row per (token, entry), no compaction (decode);
     fast: records dequantized by inline PTX where the kernel allows it (triton_kernel: up to 32
-    heads per program, bf16 q); False keeps Triton's own conversions.
+    heads per program, bf16 q); False keeps Triton's own conversions;
+    cuda: the CUDA kernel for up to 16 heads (cuda_decode; splits from num_splits / per_sm).
     """
 
     block_h: int
@@ -121,6 +122,7 @@ class Plan:
     ieee: bool = False
     private: bool = False
     fast: bool = True
+    cuda: bool = False
 
 
 def _variants(H: int) -> dict:
@@ -145,6 +147,10 @@ def _variants(H: int) -> dict:
     }  # fmt: skip
     small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
     small["direct_n32_pf_x2"] = dataclasses.replace(small["direct_n32_x2"], prefetch=True)
+    if H <= 16:  # the CUDA kernel (cuda_decode), grids of 2 / 3 / 4 blocks per SM
+        for k in (2, 3, 4):
+            small[f"cuda_x{k}"] = Plan(block_h=16, block_n=16, num_warps=4, swap=False, cuda=True,
+                                       per_sm=k)  # fmt: skip
     if H <= 32:
         return small
     return {
@@ -165,7 +171,7 @@ def _exact_variants() -> dict:
     32 or 64 heads per program need more than the SM's 227 KB of shared memory), no FlashMLA
     (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
     the three-part split)."""
-    v = {k: p for k, p in _variants(16).items() if not (p.flashmla or p.skew)}
+    v = {k: p for k, p in _variants(16).items() if not (p.flashmla or p.skew or p.cuda)}
     v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
     return v
 
@@ -247,8 +253,15 @@ def sparse_attention(
     if unknown:
         raise TypeError(f"sparse_attention: unknown launch options {sorted(unknown)}")
     plan = dataclasses.replace(plan_for(T, H, D, q.device, exact), **launch)
-    if exact and (plan.flashmla or (plan.skew and not plan.ieee)):
-        raise ValueError("fp32 q (the exact path) takes neither the FlashMLA route nor SKEW")
+    if exact and (plan.flashmla or plan.cuda or (plan.skew and not plan.ieee)):
+        raise ValueError("fp32 q (the exact path) takes neither FlashMLA, the CUDA kernel nor SKEW")
+    if plan.cuda:
+        from sglang_dsv41.kernels.sparse_attn import cuda_decode
+
+        return cuda_decode.sparse_attention(
+            q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
+            plan.num_splits, plan.per_sm,
+        )  # fmt: skip
     if plan.flashmla and T:
         from sglang_dsv41.kernels.sparse_attn import triton_flashmla
 

@@ -1,0 +1,392 @@
+// Sparse MQA attention over V4.1 records for up to 16 query heads, D = 512, bf16 q (SM90).
+// Built at first use by NVRTC (cuda_jit.py); launched by cuda_decode.py, which states the
+// arguments. Self-contained: no CUDA headers, the tensor-core and conversion steps in PTX.
+//
+// One CTA = one query token x one split of its entry list (SWA tiles, then top-k tiles; tiles
+// of 16 entries); 4 warps, warp w owns the head-dim quarter d in [128 w, 128 w + 128):
+//  - it dequantizes its quarter of each tile's 16 records into its own shared-memory tile
+//    (no block barrier), in the order of triton_records' PTX (d permuted inside each group of
+//    8: stored positions 0..7 hold d 0 2 4 6 1 3 5 7), as the values x 2^-8 (FAST_FACTOR);
+//  - its logits over the quarter: 16 heads x 16 entries, q's quarter held in registers as
+//    mma A fragments (loaded in the same permuted order), K^T fragments by ldmatrix;
+//  - the four partial logits are summed through shared memory (one block barrier a tile),
+//    every warp runs the same online softmax (base 2) and multiplies P by its quarter of the
+//    tile (ldmatrix.trans) into its own 16 x 128 fp32 accumulator.
+// Output: fp32 partials (normalized, with base-2 log-sum-exps) for the merge kernel, or, with
+// one split, the final rows with the sink applied (bf16 or fp32).
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+#define BN 16
+#define DQ 128
+#define ROW 136  // shared tile row: 128 bf16 + 16 B of padding (ldmatrix rows on distinct banks)
+
+struct Raw {
+  u32 w[16];  // FP4: words 0..7 (64 values); V41: words 0..15 (64 e4m3 bytes)
+  u32 sc;     // FP4: 4 e4m3 scale bytes (one per 16 values); V41: 2 UE8M0 bytes (per 32)
+};
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 sel) {
+  u32 d;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(a), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ u32 mul_bf16x2(u32 a, u32 b) {
+  u32 d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  u32 d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+__device__ __forceinline__ float e4m3_to_float(u32 b) {
+  u32 e = (b >> 3) & 15u, m = b & 7u;
+  float v;
+  if ((b & 0x7Fu) == 0x7Fu) {
+    v = __int_as_float(0x7FC00000);
+  } else if (e == 0) {
+    v = (float)m * 0.001953125f;  // m x 2^-9
+  } else {
+    v = __int_as_float(((e + 120u) << 23) | (m << 20));
+  }
+  return (b & 0x80u) ? -v : v;
+}
+
+// bf16 pair (m, m): an FP4 group's multiplier, e4m3 scale x 2^118 (exact).
+__device__ __forceinline__ u32 fp4_mult(u32 sbyte) {
+  u32 bits = __float_as_uint(e4m3_to_float(sbyte) * 3.32306998946229e35f) >> 16;
+  return bits | (bits << 16);
+}
+
+// bf16 pair (m, m): a V41 group's multiplier 2^(s - 15); s above 142 gives inf.
+__device__ __forceinline__ u32 v41_mult(u32 s) {
+  u32 bits = ((s < 143u ? s : 143u) + 112u) << 7;
+  return bits | (bits << 16);
+}
+
+// 8 e2m1 values (one word, even index in the low nibble) -> 4 bf16x2 words, positions
+// 0..7 = d 0 2 4 6 1 3 5 7, times the multiplier pair mm.
+__device__ __forceinline__ uint4 fp4_word(u32 r, u32 mm) {
+  u32 x = prmt(r, 0x3120u);
+  uint4 o;
+  o.x = mul_bf16x2(((x << 12) & 0x80008000u) | ((x << 6) & 0x01C001C0u), mm);  // d 0, 2
+  o.y = mul_bf16x2(((x << 4) & 0x80008000u) | ((x >> 2) & 0x01C001C0u), mm);   // d 4, 6
+  o.z = mul_bf16x2(((x << 8) & 0x80008000u) | ((x << 2) & 0x01C001C0u), mm);   // d 1, 3
+  o.w = mul_bf16x2((x & 0x80008000u) | ((x >> 6) & 0x01C001C0u), mm);          // d 5, 7
+  return o;
+}
+
+__device__ __forceinline__ u32 e4m3_pair(u32 r, u32 sel, u32 mm) {
+  u32 x = prmt(r, sel);  // the two bytes at bits 8..15 and 24..31
+  return mul_bf16x2((x & 0x80008000u) | ((x >> 4) & 0x07F007F0u), mm);
+}
+
+// 8 e4m3 values (two words) -> 4 bf16x2 words in the same permuted order.
+__device__ __forceinline__ uint4 e4m3_words(u32 w0, u32 w1, u32 mm) {
+  uint4 o;
+  o.x = e4m3_pair(w0, 0x2000u, mm);  // d 0, 2
+  o.y = e4m3_pair(w1, 0x2000u, mm);  // d 4, 6
+  o.z = e4m3_pair(w0, 0x3010u, mm);  // d 1, 3
+  o.w = e4m3_pair(w1, 0x3010u, mm);  // d 5, 7
+  return o;
+}
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
+  u32 a = (u32)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(u32* r, const void* p) {
+  u32 a = (u32)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+// The record bytes this lane dequantizes: entry lane / 2 of the tile, half lane % 2 of the
+// warp's quarter (64 values). fmt: 1 = V41_FP4 (288 B), 0 = V41 (528 B).
+__device__ __forceinline__ void load_raw(Raw& r, const u8* base, int slot, int fmt, int warp,
+                                         int hh) {
+  if (slot < 0) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) r.w[i] = 0;
+    r.sc = 0;
+    return;
+  }
+  if (fmt) {
+    const u8* rec = base + (long long)slot * 288;
+    const uint4* pv = (const uint4*)(rec + 64 * warp + 32 * hh);
+    uint4 a = __ldg(pv), b = __ldg(pv + 1);
+    r.w[0] = a.x; r.w[1] = a.y; r.w[2] = a.z; r.w[3] = a.w;
+    r.w[4] = b.x; r.w[5] = b.y; r.w[6] = b.z; r.w[7] = b.w;
+    r.sc = __ldg((const u32*)(rec + 256 + 8 * warp + 4 * hh));
+  } else {
+    const u8* rec = base + (long long)slot * 528;
+    const uint4* pv = (const uint4*)(rec + 128 * warp + 64 * hh);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint4 a = __ldg(pv + i);
+      r.w[4 * i] = a.x; r.w[4 * i + 1] = a.y; r.w[4 * i + 2] = a.z; r.w[4 * i + 3] = a.w;
+    }
+    r.sc = __ldg((const u16*)(rec + 512 + 4 * warp + 2 * hh));
+  }
+}
+
+// Dequantize this lane's 64 values into its row of the warp's tile (zeros for slot -1).
+__device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int fmt, int e, int hh,
+                                           bool valid) {
+  uint4* dst = (uint4*)(tile + e * ROW + 64 * hh);
+  if (!valid) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dst[j] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  if (fmt) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dst[j] = fp4_word(r.w[j], fp4_mult((r.sc >> (8 * (j >> 1))) & 0xFFu));
+  } else {
+    u32 m0 = v41_mult(r.sc & 0xFFu), m1 = v41_mult((r.sc >> 8) & 0xFFu);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dst[j] = e4m3_words(r.w[2 * j], r.w[2 * j + 1], j < 4 ? m0 : m1);
+  }
+}
+
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 3
+#endif
+
+extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
+    const u16* __restrict__ q, long long stride_qt, long long stride_qh,
+    const u8* __restrict__ swa, const int* __restrict__ swa_idx, long long stride_swt,
+    const u8* __restrict__ kv, const int* __restrict__ kv_idx, long long stride_kvt, int kv_fp4,
+    const float* __restrict__ sink, int has_sink, float* __restrict__ part,
+    float* __restrict__ lse, void* __restrict__ out, long long stride_ot, long long stride_oh,
+    int out_kind, int H, int W, int TOPK, int num_splits, float qk_scale) {
+  // out_kind: 0 = fp32 partials part [T, NS, H, D] + lse [T, NS, H]; 1 = bf16 out; 2 = fp32 out
+  __shared__ __align__(16) u16 ktile[2][4][BN * ROW];
+  __shared__ __align__(16) float red[2][4][32][8];
+  const int t = blockIdx.x, split = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int e_ld = lane >> 1, hh = lane & 1;
+  // d offsets inside a group of 8 of this lane's fragment columns 2 tq, 2 tq + 1
+  const int dlo = (tq & 1) * 4 + (tq >> 1), dhi = dlo + 2;  // positions 0..7 -> 0 2 4 6 1 3 5 7
+
+  // q's quarter as A fragments (8 k-steps of 16 positions), zero rows beyond H
+  u32 qa[8][4];
+  {
+    const u16* qt = q + (long long)t * stride_qt;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        int d0 = DQ * warp + 16 * kk + 8 * half;
+        u32 r0 = 0, r1 = 0;
+        if (g < H) {
+          const u16* p = qt + (long long)g * stride_qh + d0;
+          r0 = (u32)p[dlo] | ((u32)p[dhi] << 16);
+        }
+        if (g + 8 < H) {
+          const u16* p = qt + (long long)(g + 8) * stride_qh + d0;
+          r1 = (u32)p[dlo] | ((u32)p[dhi] << 16);
+        }
+        qa[kk][2 * half] = r0;
+        qa[kk][2 * half + 1] = r1;
+      }
+    }
+  }
+
+  const int n_sw = (W + BN - 1) / BN;
+  const int n_tiles = n_sw + (TOPK + BN - 1) / BN;
+  const int per = (n_tiles + num_splits - 1) / num_splits;
+  const int u0 = split * per;
+  const int u1 = min(u0 + per, n_tiles);
+  const int* sw_row = swa_idx + (long long)t * stride_swt;
+  const int* kv_row = kv_idx + (long long)t * stride_kvt;
+
+  auto slot_of = [&](int u) -> int {  // this lane's entry of tile u, -1 beyond the segment
+    if (u >= u1) return -1;
+    if (u < n_sw) {
+      int i = BN * u + e_ld;
+      return i < W ? __ldg(sw_row + i) : -1;
+    }
+    int i = BN * (u - n_sw) + e_ld;
+    return i < TOPK ? __ldg(kv_row + i) : -1;
+  };
+
+  float acc[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m_g = -1e30f, m_g8 = -1e30f, l_g = 0.f, l_g8 = 0.f;
+  const float sc = qk_scale * 256.0f;  // the tiles are the values x 2^-8
+
+  // Software pipeline: tile u + 1 is dequantized while the logits of tile u are summed across
+  // the warps (before the block barrier), and tile u + 2's records are requested then.
+  Raw nxt;
+  auto seg_base = [&](int u) { return u < n_sw ? swa : kv; };
+  auto seg_fmt = [&](int u) { return u < n_sw ? 0 : kv_fp4; };
+  int s_nxt = slot_of(u0), s_nn = slot_of(u0 + 1);
+  u32 valid_cur = 0;
+  if (u0 < u1) {
+    load_raw(nxt, seg_base(u0), s_nxt, seg_fmt(u0), warp, hh);
+    store_tile(ktile[0][warp], nxt, seg_fmt(u0), e_ld, hh, s_nxt >= 0);
+    valid_cur = __ballot_sync(0xFFFFFFFFu, s_nxt >= 0);  // bit 2 e: entry e is live
+    s_nxt = s_nn;
+    s_nn = slot_of(u0 + 2);
+    if (u0 + 1 < u1) load_raw(nxt, seg_base(u0 + 1), s_nxt, seg_fmt(u0 + 1), warp, hh);
+    __syncwarp();
+  }
+  for (int u = u0; u < u1; ++u) {
+    const int buf = (u - u0) & 1;
+    const u16* tile = ktile[buf][warp];
+
+    // partial logits over the quarter: S[16 heads, 16 entries]
+    float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      const int i = lane >> 3, r = lane & 7;
+      const u16* base = tile + (r + 8 * (i >> 1)) * ROW + 8 * (i & 1);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        u32 b[4];
+        ldsm_x4(b, base + 16 * kk);
+        mma16816(s0, qa[kk], b[0], b[1]);
+        mma16816(s1, qa[kk], b[2], b[3]);
+      }
+    }
+    float* mine = red[buf][warp][lane];
+    *(float4*)mine = make_float4(s0[0], s0[1], s0[2], s0[3]);
+    *(float4*)(mine + 4) = make_float4(s1[0], s1[1], s1[2], s1[3]);
+
+    // the next tile, while the other warps catch up
+    u32 valid_next = 0;
+    if (u + 1 < u1) {
+      store_tile(ktile[buf ^ 1][warp], nxt, seg_fmt(u + 1), e_ld, hh, s_nxt >= 0);
+      valid_next = __ballot_sync(0xFFFFFFFFu, s_nxt >= 0);
+      if (u + 2 < u1) load_raw(nxt, seg_base(u + 2), s_nn, seg_fmt(u + 2), warp, hh);
+      s_nxt = s_nn;
+      s_nn = slot_of(u + 3);
+    }
+    __syncthreads();
+    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float4 a = *(const float4*)red[buf][w][lane];
+      const float4 b = *(const float4*)(red[buf][w][lane] + 4);
+      x[0] += a.x; x[1] += a.y; x[2] += a.z; x[3] += a.w;
+      x[4] += b.x; x[5] += b.y; x[6] += b.z; x[7] += b.w;
+    }
+    // x[0, 1] row g entries 2tq, 2tq+1; x[2, 3] row g+8 same; x[4..7] the same for 8 + ...
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      int e = 2 * tq + (i & 1) + 8 * (i >> 2);
+      x[i] = ((valid_cur >> (2 * e)) & 1u) ? x[i] * sc : -__int_as_float(0x7F800000);
+    }
+    float mx_g = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[4], x[5]));
+    float mx_g8 = fmaxf(fmaxf(x[2], x[3]), fmaxf(x[6], x[7]));
+    mx_g = fmaxf(mx_g, __shfl_xor_sync(0xFFFFFFFFu, mx_g, 1));
+    mx_g = fmaxf(mx_g, __shfl_xor_sync(0xFFFFFFFFu, mx_g, 2));
+    mx_g8 = fmaxf(mx_g8, __shfl_xor_sync(0xFFFFFFFFu, mx_g8, 1));
+    mx_g8 = fmaxf(mx_g8, __shfl_xor_sync(0xFFFFFFFFu, mx_g8, 2));
+    const float mn_g = fmaxf(m_g, mx_g), mn_g8 = fmaxf(m_g8, mx_g8);
+    // the accumulator is rescaled only when some row's maximum moved (all warps agree)
+    const bool moved = __any_sync(0xFFFFFFFFu, mn_g != m_g || mn_g8 != m_g8);
+    const float al_g = exp2f(m_g - mn_g), al_g8 = exp2f(m_g8 - mn_g8);
+    m_g = mn_g;
+    m_g8 = mn_g8;
+    float p[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) p[i] = exp2f(x[i] - ((i & 2) ? mn_g8 : mn_g));
+    l_g = l_g * al_g + (p[0] + p[1] + p[4] + p[5]);
+    l_g8 = l_g8 * al_g8 + (p[2] + p[3] + p[6] + p[7]);
+    u32 pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]),
+                 pack_bf16(p[6], p[7])};
+    if (moved) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        acc[i][0] *= al_g;
+        acc[i][1] *= al_g;
+        acc[i][2] *= al_g8;
+        acc[i][3] *= al_g8;
+      }
+    }
+    {
+      const int i = lane >> 3, r = lane & 7;
+      const u16* base = tile + (r + 8 * (i & 1)) * ROW + 8 * (i >> 1);
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        u32 b[4];
+        ldsm_x4_t(b, base + 16 * jj);
+        mma16816(acc[2 * jj], pa, b[0], b[1]);
+        mma16816(acc[2 * jj + 1], pa, b[2], b[3]);
+      }
+    }
+    __syncwarp();
+    valid_cur = valid_next;
+  }
+
+  l_g += __shfl_xor_sync(0xFFFFFFFFu, l_g, 1);
+  l_g += __shfl_xor_sync(0xFFFFFFFFu, l_g, 2);
+  l_g8 += __shfl_xor_sync(0xFFFFFFFFu, l_g8, 1);
+  l_g8 += __shfl_xor_sync(0xFFFFFFFFu, l_g8, 2);
+  float f_g, f_g8;  // output row scale
+  if (out_kind == 0) {
+    f_g = l_g > 0.f ? 1.f / l_g : 0.f;
+    f_g8 = l_g8 > 0.f ? 1.f / l_g8 : 0.f;
+    if (warp == 0 && tq == 0) {
+      float* pl = lse + ((long long)t * num_splits + split) * H;
+      if (g < H) pl[g] = l_g > 0.f ? m_g + log2f(l_g) : -__int_as_float(0x7F800000);
+      if (g + 8 < H) pl[g + 8] = l_g8 > 0.f ? m_g8 + log2f(l_g8) : -__int_as_float(0x7F800000);
+    }
+  } else {
+    const float ninf = -__int_as_float(0x7F800000);
+    float s2 = (has_sink && g < H) ? sink[g] * 1.4426950408889634f : ninf;
+    float s28 = (has_sink && g + 8 < H) ? sink[g + 8] * 1.4426950408889634f : ninf;
+    float mf = fmaxf(m_g, s2), mf8 = fmaxf(m_g8, s28);
+    float w = exp2f(m_g - mf), w8 = exp2f(m_g8 - mf8);
+    float den = l_g * w + exp2f(s2 - mf), den8 = l_g8 * w8 + exp2f(s28 - mf8);
+    f_g = den > 0.f ? w / den : 0.f;
+    f_g8 = den8 > 0.f ? w8 / den8 : 0.f;
+  }
+  f_g *= 256.0f;  // the tiles were the values x 2^-8
+  f_g8 *= 256.0f;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+    const int d0 = DQ * warp + 8 * nt;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int h = g + 8 * rr;
+      if (h >= H) continue;
+      const float f = rr ? f_g8 : f_g;
+      const float v0 = acc[nt][2 * rr] * f, v1 = acc[nt][2 * rr + 1] * f;
+      if (out_kind == 0) {
+        float* po = part + (((long long)t * num_splits + split) * H + h) * 512 + d0;
+        po[dlo] = v0;
+        po[dhi] = v1;
+      } else if (out_kind == 1) {
+        u16* po = (u16*)out + (long long)t * stride_ot + (long long)h * stride_oh + d0;
+        u32 pr = pack_bf16(v0, v1);
+        po[dlo] = (u16)(pr & 0xFFFFu);
+        po[dhi] = (u16)(pr >> 16);
+      } else {
+        float* po = (float*)out + (long long)t * stride_ot + (long long)h * stride_oh + d0;
+        po[dlo] = v0;
+        po[dhi] = v1;
+      }
+    }
+  }
+}

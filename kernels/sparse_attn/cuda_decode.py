@@ -1,0 +1,139 @@
+"""Sparse attention for up to 16 query heads on SM90, a CUDA kernel (`cuda_decode.cu`) built at
+first use by NVRTC (`cuda_jit`): the 8 / 16 heads per GPU of V4.1 served with tensor
+parallelism over 8 / 4 GPUs.
+
+Each warp owns a quarter of the head dimension for a whole tile of 16 entries (its own
+dequantized tile, q's quarter in registers); only the logits are summed across the 4 warps, so
+there is one block barrier a tile and no warp re-reads q or another warp's records (the Triton
+kernel, whose warps split the entries, does both; benchmarks/RESULTS.md). Same arguments and
+meaning as `triton.sparse_attention` for bf16 q; the torch reference is
+`kernels.sparse_attn.ref.sparse_attention_ref` (the GPU tests compare every shape with it).
+
+Runs where: SM90 (H100 / H200), bf16 q [T, H <= 16, 512], V41 SWA records and V41 or V41_FP4
+main-KV records with contiguous rows, NVRTC loadable (PyTorch's CUDA wheels bring it).
+`available(device)` says whether it does here, building once and keeping the reason when not;
+the launcher (`triton.plan_for`) then keeps the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import torch
+import triton
+
+from sglang_dsv41.kernels.sparse_attn.cuda_jit import CudaJitError, Kernel
+
+BN = 16  # entries per tile (the kernel's BN)
+D = 512
+MAX_HEADS = 16
+NAME = "sparse_decode_h16"
+_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_decode.cu")
+
+
+@functools.cache
+def kernel(defines: tuple = ()) -> Kernel:
+    """The kernel built with `defines` (NVRTC options such as "-DMIN_BLOCKS=4")."""
+    with open(_SRC) as f:
+        return Kernel(f.read(), NAME, "sm_90a", defines)
+
+
+@functools.cache
+def _probe(index: int) -> str | None:
+    """None when the kernel builds and loads on device `index`, else why not."""
+    if torch.cuda.get_device_capability(index)[0] != 9:
+        return f"device {index} is not SM90 (compute capability 9.x)"
+    try:
+        kernel().function(index)
+    except (CudaJitError, OSError) as exc:
+        return str(exc)
+    return None
+
+
+def available(device: torch.device) -> bool:
+    """Whether the CUDA kernel runs on `device` (built and loaded once per process)."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _probe(index) is None
+
+
+def why_unavailable(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "not a CUDA device"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _probe(index)
+
+
+def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool) -> None:
+    """What the kernel needs of its arguments; ValueError naming the first one that differs."""
+    T, H, Dq = q.shape
+    if q.dtype != torch.bfloat16 or Dq != D or not 1 <= H <= MAX_HEADS or q.stride(2) != 1:
+        raise ValueError(
+            f"the CUDA kernel takes bf16 q [T, H <= {MAX_HEADS}, {D}] with unit stride in D, "
+            f"got {q.dtype} {tuple(q.shape)} strides {q.stride()}"
+        )
+    rec = 288 if kv_fp4 else 528
+    for name, t, nb in (("swa_flat", swa_flat, 528), ("kv_flat", kv_flat, rec)):
+        if t.dtype != torch.uint8 or t.dim() != 2 or t.shape[1] != nb or t.stride() != (nb, 1):
+            raise ValueError(f"{name} must be contiguous uint8 rows of {nb} B, got {t.shape}")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start on a 16-byte boundary")
+    for name, s in (("swa_slots", swa_slots), ("topk_slots", topk_slots)):
+        bad = s.dtype != torch.int32 or s.dim() != 2 or s.shape[0] != T
+        if bad or (s.shape[1] and s.stride(1) != 1):
+            raise ValueError(f"{name} must be int32 [T, n], unit stride: {s.dtype} {s.shape}")
+
+
+def sparse_attention(
+    q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink, scale: float, out,
+    out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, defines: tuple = (),
+):  # fmt: skip
+    """Launch over T tokens (grid T x splits of 128 threads); arguments as
+    `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm` times."""
+    from sglang_dsv41.kernels.sparse_attn import triton as tri
+
+    check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4)
+    T, H, _ = q.shape
+    if out is None:
+        out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
+    if out.dtype not in (torch.bfloat16, torch.float32) or out.stride(2) != 1:
+        raise ValueError(f"out must be bf16 or fp32 [T, H, {D}] with unit stride in D")
+    if T == 0:
+        return out
+    W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
+    n_tiles = triton.cdiv(W, BN) + triton.cdiv(TOPK, BN)
+    ns = num_splits or tri.pick_splits(T, 1, n_tiles, q.device, per_sm)
+    ns = max(1, min(ns, max(n_tiles, 1)))
+    dev = q.device
+    if ns > 1:
+        part = torch.empty(T, ns, H, D, dtype=torch.float32, device=dev)
+        lse = torch.empty(T, ns, H, dtype=torch.float32, device=dev)
+        kind = 0
+    else:
+        part = lse = torch.empty(0, dtype=torch.float32, device=dev)
+        kind = 1 if out.dtype == torch.bfloat16 else 2
+    sink = attn_sink if attn_sink is not None else lse
+    if attn_sink is not None and (attn_sink.dtype != torch.float32 or attn_sink.stride(0) != 1):
+        raise ValueError("attn_sink must be contiguous fp32 [H]")
+    swa_s = swa_slots if W else torch.full((T, 1), -1, dtype=torch.int32, device=dev)
+    kv_s = topk_slots if TOPK else torch.full((T, 1), -1, dtype=torch.int32, device=dev)
+    P, L, N, F = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
+    args = [
+        P(q.data_ptr()), L(q.stride(0)), L(q.stride(1)),
+        P(swa_flat.data_ptr()), P(swa_s.data_ptr()), L(swa_s.stride(0)),
+        P(kv_flat.data_ptr()), P(kv_s.data_ptr()), L(kv_s.stride(0)), N(int(kv_fp4)),
+        P(sink.data_ptr()), N(int(attn_sink is not None)), P(part.data_ptr()), P(lse.data_ptr()),
+        P(out.data_ptr()), L(out.stride(0)), L(out.stride(1)),
+        N(kind), N(H), N(W), N(TOPK), N(ns), F(scale * tri.LOG2E),
+    ]  # fmt: skip
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    kernel(tuple(defines))((T, ns), (128,), args, torch.cuda.current_stream(dev).cuda_stream, index)
+    if ns > 1:
+        tri.combine_kernel[(T, H)](
+            part, lse, sink, out, out.stride(0), out.stride(1), H, ns,
+            D=D, NS_P2=triton.next_power_of_2(ns), HAS_SINK=attn_sink is not None, num_warps=4,
+        )  # fmt: skip
+    return out
