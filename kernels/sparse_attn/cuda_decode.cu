@@ -23,11 +23,6 @@ typedef unsigned char u8;
 #define DQ 128
 #define ROW 136  // shared tile row: 128 bf16 + 16 B of padding (ldmatrix rows on distinct banks)
 
-struct Raw {
-  u32 w[16];  // FP4: words 0..7 (64 values); V41: words 0..15 (64 e4m3 bytes)
-  u32 sc;     // FP4: 4 e4m3 scale bytes (one per 16 values); V41: 2 UE8M0 bytes (per 32)
-};
-
 __device__ __forceinline__ u32 prmt(u32 a, u32 sel) {
   u32 d;
   asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(a), "r"(sel));
@@ -118,57 +113,84 @@ __device__ __forceinline__ void ldsm_x4_t(u32* r, const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
-// The record bytes this lane dequantizes: entry lane / 2 of the tile, half lane % 2 of the
-// warp's quarter (64 values). fmt: 1 = V41_FP4 (288 B), 0 = V41 (528 B).
-__device__ __forceinline__ void load_raw(Raw& r, const u8* base, int slot, int fmt, int warp,
-                                         int hh) {
-  if (slot < 0) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) r.w[i] = 0;
-    r.sc = 0;
-    return;
-  }
+#ifndef STAGES
+#define STAGES 3  // tiles of records in flight per warp (cp.async ring in shared memory)
+#endif
+
+__device__ __forceinline__ void cp16(void* dst, const void* src, int n) {
+  u32 a = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ void cp4(void* dst, const void* src, int n) {
+  u32 a = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(a), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+
+__device__ __forceinline__ void cp_wait() {  // all but the newest STAGES - 2 groups landed
+  asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
+}
+
+// Request the record bytes this lane dequantizes: entry lane / 2 of the tile, half lane % 2 of
+// the warp's quarter (64 values), into its 64 B of `v` and its scale word `sc` (zeros for
+// slot -1). fmt: 1 = V41_FP4 (288 B: 32 B of values, 4 e4m3 scales), 0 = V41 (528 B: 64 B of
+// values; the scale word holds both halves' UE8M0 bytes).
+__device__ __forceinline__ void issue_raw(u32* v, u32* sc, const u8* base, int slot, int fmt,
+                                          int warp, int hh) {
+#ifdef ABL_NO_LOAD
+  return;
+#endif
+  const int n = slot >= 0 ? 16 : 0, n4 = slot >= 0 ? 4 : 0;
+  const u8* rec = base + (long long)(slot >= 0 ? slot : 0) * (fmt ? 288 : 528);
   if (fmt) {
-    const u8* rec = base + (long long)slot * 288;
-    const uint4* pv = (const uint4*)(rec + 64 * warp + 32 * hh);
-    uint4 a = __ldg(pv), b = __ldg(pv + 1);
-    r.w[0] = a.x; r.w[1] = a.y; r.w[2] = a.z; r.w[3] = a.w;
-    r.w[4] = b.x; r.w[5] = b.y; r.w[6] = b.z; r.w[7] = b.w;
-    r.sc = __ldg((const u32*)(rec + 256 + 8 * warp + 4 * hh));
+    const u8* pv = rec + 64 * warp + 32 * hh;
+    cp16(v, pv, n);
+    cp16(v + 4, pv + 16, n);
+    cp4(sc, rec + 256 + 8 * warp + 4 * hh, n4);
   } else {
-    const u8* rec = base + (long long)slot * 528;
-    const uint4* pv = (const uint4*)(rec + 128 * warp + 64 * hh);
+    const u8* pv = rec + 128 * warp + 64 * hh;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint4 a = __ldg(pv + i);
-      r.w[4 * i] = a.x; r.w[4 * i + 1] = a.y; r.w[4 * i + 2] = a.z; r.w[4 * i + 3] = a.w;
-    }
-    r.sc = __ldg((const u16*)(rec + 512 + 4 * warp + 2 * hh));
+    for (int i = 0; i < 4; ++i) cp16(v + 4 * i, pv + 16 * i, n);
+    cp4(sc, rec + 512 + 4 * warp, n4);
   }
 }
 
-// Dequantize this lane's 64 values into its row of the warp's tile (zeros for slot -1).
-__device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int fmt, int e, int hh,
-                                           bool valid) {
+// Dequantize this lane's 64 values (from its staged bytes) into its row of the warp's tile.
+__device__ __forceinline__ void store_tile(u16* tile, const u32* v, u32 sc, int fmt, int e,
+                                           int hh) {
+#ifdef ABL_NO_DEQ
+  return;
+#endif
   uint4* dst = (uint4*)(tile + e * ROW + 64 * hh);
-  if (!valid) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) dst[j] = make_uint4(0, 0, 0, 0);
-    return;
-  }
   if (fmt) {
+    const uint4 a = *(const uint4*)v, b = *(const uint4*)(v + 4);
+    const u32 w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) dst[j] = fp4_word(r.w[j], fp4_mult((r.sc >> (8 * (j >> 1))) & 0xFFu));
+    for (int j = 0; j < 8; ++j) dst[j] = fp4_word(w[j], fp4_mult((sc >> (8 * (j >> 1))) & 0xFFu));
   } else {
-    u32 m0 = v41_mult(r.sc & 0xFFu), m1 = v41_mult((r.sc >> 8) & 0xFFu);
+    u32 w[16];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) dst[j] = e4m3_words(r.w[2 * j], r.w[2 * j + 1], j < 4 ? m0 : m1);
+    for (int i = 0; i < 4; ++i) {
+      const uint4 a = *(const uint4*)(v + 4 * i);
+      w[4 * i] = a.x; w[4 * i + 1] = a.y; w[4 * i + 2] = a.z; w[4 * i + 3] = a.w;
+    }
+    const u32 s2 = sc >> (16 * hh);
+    const u32 m0 = v41_mult(s2 & 0xFFu), m1 = v41_mult((s2 >> 8) & 0xFFu);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dst[j] = e4m3_words(w[2 * j], w[2 * j + 1], j < 4 ? m0 : m1);
   }
 }
 
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 3
 #endif
+#ifndef NH
+#define NH 2  // tiles of 8 heads in the output product: 1 for H <= 8, 2 for H <= 16
+#endif
+// stored position -> d inside a group of 8 (the dequantization's order 0 2 4 6 1 3 5 7)
+#define PERM8(p) ((((p) & 3) << 1) | ((p) >> 2))
 
 extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     const u16* __restrict__ q, long long stride_qt, long long stride_qh,
@@ -178,8 +200,11 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     float* __restrict__ lse, void* __restrict__ out, long long stride_ot, long long stride_oh,
     int out_kind, int H, int W, int TOPK, int num_splits, float qk_scale) {
   // out_kind: 0 = fp32 partials part [T, NS, H, D] + lse [T, NS, H]; 1 = bf16 out; 2 = fp32 out
-  __shared__ __align__(16) u16 ktile[2][4][BN * ROW];
-  __shared__ __align__(16) float red[2][4][32][8];
+  extern __shared__ __align__(16) unsigned char smem[];  // SMEM_BYTES(STAGES), cuda_decode.py
+  u16(*ktile)[4][BN * ROW] = (u16(*)[4][BN * ROW])smem;
+  float(*red)[4][32][8] = (float(*)[4][32][8])(smem + 2 * 4 * BN * ROW * 2);
+  u32(*rawv)[4][32][16] = (u32(*)[4][32][16])(smem + 2 * 4 * BN * ROW * 2 + 2 * 4 * 32 * 8 * 4);
+  u32(*raws)[4][32] = (u32(*)[4][32])((unsigned char*)rawv + STAGES * 4 * 32 * 16 * 4);
   const int t = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
@@ -201,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
           const u16* p = qt + (long long)g * stride_qh + d0;
           r0 = (u32)p[dlo] | ((u32)p[dhi] << 16);
         }
-        if (g + 8 < H) {
+        if (NH == 2 && g + 8 < H) {
           const u16* p = qt + (long long)(g + 8) * stride_qh + d0;
           r1 = (u32)p[dlo] | ((u32)p[dhi] << 16);
         }
@@ -229,39 +254,61 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     return i < TOPK ? __ldg(kv_row + i) : -1;
   };
 
-  float acc[16][4];
+  // O^T over the quarter: 8 tiles of 16 d (M) x NH tiles of 8 heads (N); c0, c1 = (d = g,
+  // heads 2 tq, 2 tq + 1), c2, c3 = (d = g + 8, same heads)
+  float acc[8][NH][4];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < NH; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
   float m_g = -1e30f, m_g8 = -1e30f, l_g = 0.f, l_g8 = 0.f;
   const float sc = qk_scale * 256.0f;  // the tiles are the values x 2^-8
 
-  // Software pipeline: tile u + 1 is dequantized while the logits of tile u are summed across
-  // the warps (before the block barrier), and tile u + 2's records are requested then.
-  Raw nxt;
+  // Software pipeline: the records of tile u + STAGES - 1 are requested (cp.async) while tile
+  // u is computed; tile u + 1 is dequantized while the logits of tile u are summed across the
+  // warps (before the block barrier).
   auto seg_base = [&](int u) { return u < n_sw ? swa : kv; };
   auto seg_fmt = [&](int u) { return u < n_sw ? 0 : kv_fp4; };
-  int s_nxt = slot_of(u0), s_nn = slot_of(u0 + 1);
+  int slots[STAGES];  // slots[k]: this lane's entry of tile u + k (u the tile being computed)
+#pragma unroll
+  for (int k = 0; k < STAGES; ++k) slots[k] = slot_of(u0 + k);
+#pragma unroll
+  for (int k = 0; k < STAGES - 1; ++k) {
+    if (u0 + k < u1)
+      issue_raw(rawv[k][warp][lane], &raws[k][warp][lane], seg_base(u0 + k), slots[k],
+                seg_fmt(u0 + k), warp, hh);
+    cp_commit();
+  }
+  int s_ahead = slot_of(u0 + STAGES);
   u32 valid_cur = 0;
   if (u0 < u1) {
-    load_raw(nxt, seg_base(u0), s_nxt, seg_fmt(u0), warp, hh);
-    store_tile(ktile[0][warp], nxt, seg_fmt(u0), e_ld, hh, s_nxt >= 0);
-    valid_cur = __ballot_sync(0xFFFFFFFFu, s_nxt >= 0);  // bit 2 e: entry e is live
-    s_nxt = s_nn;
-    s_nn = slot_of(u0 + 2);
-    if (u0 + 1 < u1) load_raw(nxt, seg_base(u0 + 1), s_nxt, seg_fmt(u0 + 1), warp, hh);
+    cp_wait();
+    store_tile(ktile[0][warp], rawv[0][warp][lane], raws[0][warp][lane], seg_fmt(u0), e_ld, hh);
+    valid_cur = __ballot_sync(0xFFFFFFFFu, slots[0] >= 0);  // bit 2 e: entry e is live
     __syncwarp();
   }
   for (int u = u0; u < u1; ++u) {
     const int buf = (u - u0) & 1;
     const u16* tile = ktile[buf][warp];
+    {  // request tile u + STAGES - 1 into the stage tile u - 1 used
+      const int un = u + STAGES - 1, st = (un - u0) % STAGES;
+      if (un < u1)
+        issue_raw(rawv[st][warp][lane], &raws[st][warp][lane], seg_base(un), slots[STAGES - 1],
+                  seg_fmt(un), warp, hh);
+      cp_commit();
+    }
 
     // partial logits over the quarter: S[16 heads, 16 entries]
     float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
     {
       const int i = lane >> 3, r = lane & 7;
       const u16* base = tile + (r + 8 * (i >> 1)) * ROW + 8 * (i & 1);
+#ifndef ABL_NO_QK
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
+#else
+      for (int kk = 0; kk < 0; ++kk) {
+#endif
         u32 b[4];
         ldsm_x4(b, base + 16 * kk);
         mma16816(s0, qa[kk], b[0], b[1]);
@@ -275,16 +322,26 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     // the next tile, while the other warps catch up
     u32 valid_next = 0;
     if (u + 1 < u1) {
-      store_tile(ktile[buf ^ 1][warp], nxt, seg_fmt(u + 1), e_ld, hh, s_nxt >= 0);
-      valid_next = __ballot_sync(0xFFFFFFFFu, s_nxt >= 0);
-      if (u + 2 < u1) load_raw(nxt, seg_base(u + 2), s_nn, seg_fmt(u + 2), warp, hh);
-      s_nxt = s_nn;
-      s_nn = slot_of(u + 3);
+      const int st = (u + 1 - u0) % STAGES;
+      cp_wait();
+      store_tile(ktile[buf ^ 1][warp], rawv[st][warp][lane], raws[st][warp][lane], seg_fmt(u + 1),
+                 e_ld, hh);
+      valid_next = __ballot_sync(0xFFFFFFFFu, slots[1] >= 0);
     }
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; ++k) slots[k] = slots[k + 1];
+    slots[STAGES - 1] = s_ahead;
+    s_ahead = slot_of(u + STAGES + 1);
+#ifndef ABL_NO_SYNC
     __syncthreads();
     float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    const int nw = 4;
+#else
+    float x[8] = {s0[0], s0[1], s0[2], s0[3], s1[0], s1[1], s1[2], s1[3]};
+    const int nw = 0;
+#endif
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
+    for (int w = 0; w < nw; ++w) {
       const float4 a = *(const float4*)red[buf][w][lane];
       const float4 b = *(const float4*)(red[buf][w][lane] + 4);
       x[0] += a.x; x[1] += a.y; x[2] += a.z; x[3] += a.w;
@@ -313,26 +370,37 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     for (int i = 0; i < 8; ++i) p[i] = exp2f(x[i] - ((i & 2) ? mn_g8 : mn_g));
     l_g = l_g * al_g + (p[0] + p[1] + p[4] + p[5]);
     l_g8 = l_g8 * al_g8 + (p[2] + p[3] + p[6] + p[7]);
-    u32 pa[4] = {pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]),
-                 pack_bf16(p[6], p[7])};
-    if (moved) {
+    // P^T as B fragments (k = entries 2 tq, 2 tq + 1 and 8 + those, n = head g): the logits'
+    // own C layout, heads 0..7 from rows g, heads 8..15 from rows g + 8
+    const u32 pb[2][2] = {{pack_bf16(p[0], p[1]), pack_bf16(p[4], p[5])},
+                          {pack_bf16(p[2], p[3]), pack_bf16(p[6], p[7])}};
+    if (moved) {  // this lane's accumulator columns are heads 2 tq, 2 tq + 1 (+ 8)
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        acc[i][0] *= al_g;
-        acc[i][1] *= al_g;
-        acc[i][2] *= al_g8;
-        acc[i][3] *= al_g8;
+      for (int j = 0; j < NH; ++j) {
+        const float al = j ? al_g8 : al_g;
+        const float a0 = __shfl_sync(0xFFFFFFFFu, al, 8 * tq), a1 = __shfl_sync(0xFFFFFFFFu, al, 8 * tq + 4);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          acc[i][j][0] *= a0;
+          acc[i][j][1] *= a1;
+          acc[i][j][2] *= a0;
+          acc[i][j][3] *= a1;
+        }
       }
     }
-    {
+    {  // A = K^T tiles (d on M, entries on K) by ldmatrix.trans of the [entry][d] tile
       const int i = lane >> 3, r = lane & 7;
-      const u16* base = tile + (r + 8 * (i & 1)) * ROW + 8 * (i >> 1);
+      const u16* base = tile + (r + 8 * (i >> 1)) * ROW + 8 * (i & 1);
+#ifndef ABL_NO_PV
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        u32 b[4];
-        ldsm_x4_t(b, base + 16 * jj);
-        mma16816(acc[2 * jj], pa, b[0], b[1]);
-        mma16816(acc[2 * jj + 1], pa, b[2], b[3]);
+      for (int mt = 0; mt < 8; ++mt) {
+#else
+      for (int mt = 0; mt < 0; ++mt) {
+#endif
+        u32 a[4];
+        ldsm_x4_t(a, base + 16 * mt);
+#pragma unroll
+        for (int j = 0; j < NH; ++j) mma16816(acc[mt][j], a, pb[j][0], pb[j][1]);
       }
     }
     __syncwarp();
@@ -365,27 +433,31 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
   f_g *= 256.0f;  // the tiles were the values x 2^-8
   f_g8 *= 256.0f;
 #pragma unroll
-  for (int nt = 0; nt < 16; ++nt) {
-    const int d0 = DQ * warp + 8 * nt;
+  for (int j = 0; j < NH; ++j) {
+    const float fsrc = j ? f_g8 : f_g;  // lane 4 h' holds head h' (+ 8 j)'s factor
+    const float f0 = __shfl_sync(0xFFFFFFFFu, fsrc, 8 * tq), f1 = __shfl_sync(0xFFFFFFFFu, fsrc, 8 * tq + 4);
+    const int h0 = 8 * j + 2 * tq, h1 = h0 + 1;
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int h = g + 8 * rr;
-      if (h >= H) continue;
-      const float f = rr ? f_g8 : f_g;
-      const float v0 = acc[nt][2 * rr] * f, v1 = acc[nt][2 * rr + 1] * f;
-      if (out_kind == 0) {
-        float* po = part + (((long long)t * num_splits + split) * H + h) * 512 + d0;
-        po[dlo] = v0;
-        po[dhi] = v1;
-      } else if (out_kind == 1) {
-        u16* po = (u16*)out + (long long)t * stride_ot + (long long)h * stride_oh + d0;
-        u32 pr = pack_bf16(v0, v1);
-        po[dlo] = (u16)(pr & 0xFFFFu);
-        po[dhi] = (u16)(pr >> 16);
-      } else {
-        float* po = (float*)out + (long long)t * stride_ot + (long long)h * stride_oh + d0;
-        po[dlo] = v0;
-        po[dhi] = v1;
+    for (int mt = 0; mt < 8; ++mt) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int pos = 16 * mt + g + 8 * rr;  // stored position in the quarter
+        const int d = DQ * warp + (pos & ~7) + PERM8(pos & 7);
+        const float v0 = acc[mt][j][2 * rr] * f0, v1 = acc[mt][j][2 * rr + 1] * f1;
+        if (out_kind == 0) {
+          float* po = part + ((long long)t * num_splits + split) * H * 512 + d;
+          if (h0 < H) po[(long long)h0 * 512] = v0;
+          if (h1 < H) po[(long long)h1 * 512] = v1;
+        } else if (out_kind == 1) {
+          u16* po = (u16*)out + (long long)t * stride_ot + d;
+          u32 pr = pack_bf16(v0, v1);
+          if (h0 < H) po[(long long)h0 * stride_oh] = (u16)(pr & 0xFFFFu);
+          if (h1 < H) po[(long long)h1 * stride_oh] = (u16)(pr >> 16);
+        } else {
+          float* po = (float*)out + (long long)t * stride_ot + d;
+          if (h0 < H) po[(long long)h0 * stride_oh] = v0;
+          if (h1 < H) po[(long long)h1 * stride_oh] = v1;
+        }
       }
     }
   }

@@ -40,6 +40,16 @@ def kernel(defines: tuple = ()) -> Kernel:
         return Kernel(f.read(), NAME, "sm_90a", defines)
 
 
+def smem_bytes(defines: tuple = ()) -> int:
+    """The kernel's dynamic shared memory: two dequantized tiles per warp (34816 B), the
+    cross-warp logits (8192 B), and per stage of the record ring 8704 B (STAGES, default 3)."""
+    stages = 3
+    for d in defines:
+        if d.startswith("-DSTAGES="):
+            stages = int(d.split("=", 1)[1])
+    return 34816 + 8192 + 8704 * stages
+
+
 @functools.cache
 def _probe(index: int) -> str | None:
     """None when the kernel builds and loads on device `index`, else why not."""
@@ -130,7 +140,11 @@ def sparse_attention(
         N(kind), N(H), N(W), N(TOPK), N(ns), F(scale * tri.LOG2E),
     ]  # fmt: skip
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    kernel(tuple(defines))((T, ns), (128,), args, torch.cuda.current_stream(dev).cuda_stream, index)
+    defines = (f"-DNH={1 if H <= 8 else 2}", *defines)  # tiles of 8 heads in P V
+    kernel(tuple(defines))(
+        (T, ns), (128,), args, stream=torch.cuda.current_stream(dev).cuda_stream,
+        device_index=index, smem=smem_bytes(defines),
+    )  # fmt: skip
     if ns > 1:
         tri.combine_kernel[(T, H)](
             part, lse, sink, out, out.stride(0), out.stride(1), H, ns,

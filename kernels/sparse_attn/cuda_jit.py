@@ -142,6 +142,7 @@ class Kernel:
         self.source, self.name, self.arch, self.options = source, name, arch, tuple(options)
         self._cubin: bytes | None = None
         self._fn: dict[int, ctypes.c_void_p] = {}
+        self._smem: set = set()
         self._lock = threading.Lock()
 
     def cubin(self) -> bytes:
@@ -166,8 +167,19 @@ class Kernel:
                 self._fn[device_index] = fn
             return self._fn[device_index]
 
+    def _allow_smem(self, fn, device_index: int, smem: int) -> None:
+        """Dynamic shared memory above 48 KB must be allowed per function (once per size)."""
+        key = (device_index, smem)
+        if smem > 48 * 1024 and key not in self._smem:
+            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+            _check_cu(_cuda().cuFuncSetAttribute(
+                fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ctypes.c_int(smem)
+            ), f"allow {smem} B of shared memory for {self.name}")  # fmt: skip
+            self._smem.add(key)
+
     def __call__(self, grid, block, args, stream: int, device_index: int, smem: int = 0):
         fn = self.function(device_index)
+        self._allow_smem(fn, device_index, smem)
         ptrs = (ctypes.c_void_p * len(args))(
             *[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args]
         )
