@@ -1,17 +1,23 @@
 // Sparse MQA attention over V4.1 records for up to 16 query heads, D = 512, bf16 q (SM90).
 // Built at first use by NVRTC (cuda_jit.py); launched by cuda_decode.py, which states the
 // arguments. Self-contained: no CUDA headers, the tensor-core and conversion steps in PTX.
+// The math is kernels/sparse_attn/ref.py's (the GPU tests compare the two).
 //
 // One CTA = one query token x one split of its entry list (SWA tiles, then top-k tiles; tiles
 // of 16 entries); 4 warps, warp w owns the head-dim quarter d in [128 w, 128 w + 128):
-//  - it dequantizes its quarter of each tile's 16 records into its own shared-memory tile
-//    (no block barrier), in the order of triton_records' PTX (d permuted inside each group of
-//    8: stored positions 0..7 hold d 0 2 4 6 1 3 5 7), as the values x 2^-8 (FAST_FACTOR);
-//  - its logits over the quarter: 16 heads x 16 entries, q's quarter held in registers as
-//    mma A fragments (loaded in the same permuted order), K^T fragments by ldmatrix;
-//  - the four partial logits are summed through shared memory (one block barrier a tile),
-//    every warp runs the same online softmax (base 2) and multiplies P by its quarter of the
-//    tile (ldmatrix.trans) into its own 16 x 128 fp32 accumulator.
+//  - the records of tile u + STAGES - 1 are requested by cp.async into a per-lane ring while
+//    tile u is computed (each lane stages and reads back only its own bytes);
+//  - each warp dequantizes its quarter of a tile's 16 records into its own shared-memory tile,
+//    in the order of triton_records' PTX (d permuted inside each group of 8: stored positions
+//    0..7 hold d 0 2 4 6 1 3 5 7), as the values x 2^-8 (FAST_FACTOR);
+//  - its logits over the quarter: 16 heads x 16 entries (mma m16n8k16, heads on M), q's
+//    quarter held in registers as A fragments (loaded in the same permuted order), K^T
+//    fragments by ldmatrix;
+//  - the four partial logits are summed through shared memory (one block barrier a tile; the
+//    next tile is dequantized before it), every warp runs the same online softmax (base 2),
+//    rescaling its accumulator only when a row maximum moved, and adds P V over its quarter
+//    with d on M and heads on N (NH tiles of 8 heads): A = K^T by ldmatrix.trans, B = P^T
+//    straight from the logits' registers; its accumulator is 128 d x 8 NH heads, fp32.
 // Output: fp32 partials (normalized, with base-2 log-sum-exps) for the merge kernel, or, with
 // one split, the final rows with the sink applied (bf16 or fp32).
 
@@ -139,9 +145,6 @@ __device__ __forceinline__ void cp_wait() {  // all but the newest STAGES - 2 gr
 // values; the scale word holds both halves' UE8M0 bytes).
 __device__ __forceinline__ void issue_raw(u32* v, u32* sc, const u8* base, int slot, int fmt,
                                           int warp, int hh) {
-#ifdef ABL_NO_LOAD
-  return;
-#endif
   const int n = slot >= 0 ? 16 : 0, n4 = slot >= 0 ? 4 : 0;
   const u8* rec = base + (long long)(slot >= 0 ? slot : 0) * (fmt ? 288 : 528);
   if (fmt) {
@@ -160,9 +163,6 @@ __device__ __forceinline__ void issue_raw(u32* v, u32* sc, const u8* base, int s
 // Dequantize this lane's 64 values (from its staged bytes) into its row of the warp's tile.
 __device__ __forceinline__ void store_tile(u16* tile, const u32* v, u32 sc, int fmt, int e,
                                            int hh) {
-#ifdef ABL_NO_DEQ
-  return;
-#endif
   uint4* dst = (uint4*)(tile + e * ROW + 64 * hh);
   if (fmt) {
     const uint4 a = *(const uint4*)v, b = *(const uint4*)(v + 4);
@@ -303,12 +303,8 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     {
       const int i = lane >> 3, r = lane & 7;
       const u16* base = tile + (r + 8 * (i >> 1)) * ROW + 8 * (i & 1);
-#ifndef ABL_NO_QK
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-#else
-      for (int kk = 0; kk < 0; ++kk) {
-#endif
         u32 b[4];
         ldsm_x4(b, base + 16 * kk);
         mma16816(s0, qa[kk], b[0], b[1]);
@@ -332,16 +328,10 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     for (int k = 0; k < STAGES - 1; ++k) slots[k] = slots[k + 1];
     slots[STAGES - 1] = s_ahead;
     s_ahead = slot_of(u + STAGES + 1);
-#ifndef ABL_NO_SYNC
     __syncthreads();
     float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const int nw = 4;
-#else
-    float x[8] = {s0[0], s0[1], s0[2], s0[3], s1[0], s1[1], s1[2], s1[3]};
-    const int nw = 0;
-#endif
 #pragma unroll
-    for (int w = 0; w < nw; ++w) {
+    for (int w = 0; w < 4; ++w) {
       const float4 a = *(const float4*)red[buf][w][lane];
       const float4 b = *(const float4*)(red[buf][w][lane] + 4);
       x[0] += a.x; x[1] += a.y; x[2] += a.z; x[3] += a.w;
@@ -391,12 +381,8 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     {  // A = K^T tiles (d on M, entries on K) by ldmatrix.trans of the [entry][d] tile
       const int i = lane >> 3, r = lane & 7;
       const u16* base = tile + (r + 8 * (i >> 1)) * ROW + 8 * (i & 1);
-#ifndef ABL_NO_PV
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt) {
-#else
-      for (int mt = 0; mt < 0; ++mt) {
-#endif
         u32 a[4];
         ldsm_x4_t(a, base + 16 * mt);
 #pragma unroll

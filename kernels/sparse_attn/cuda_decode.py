@@ -77,7 +77,7 @@ def why_unavailable(device: torch.device) -> str | None:
     return _probe(index)
 
 
-def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool) -> None:
+def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, out=None) -> None:
     """What the kernel needs of its arguments; ValueError naming the first one that differs."""
     T, H, Dq = q.shape
     if q.dtype != torch.bfloat16 or Dq != D or not 1 <= H <= MAX_HEADS or q.stride(2) != 1:
@@ -86,7 +86,12 @@ def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool) -> Non
             f"got {q.dtype} {tuple(q.shape)} strides {q.stride()}"
         )
     rec = 288 if kv_fp4 else 528
-    for name, t, nb in (("swa_flat", swa_flat, 528), ("kv_flat", kv_flat, rec)):
+    for name, t, nb, n in (
+        ("swa_flat", swa_flat, 528, swa_slots.shape[1]),
+        ("kv_flat", kv_flat, rec, topk_slots.shape[1]),
+    ):
+        if not n:  # an empty segment: the cache is never read
+            continue
         if t.dtype != torch.uint8 or t.dim() != 2 or t.shape[1] != nb or t.stride() != (nb, 1):
             raise ValueError(f"{name} must be contiguous uint8 rows of {nb} B, got {t.shape}")
         if t.data_ptr() % 16:
@@ -95,6 +100,8 @@ def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool) -> Non
         bad = s.dtype != torch.int32 or s.dim() != 2 or s.shape[0] != T
         if bad or (s.shape[1] and s.stride(1) != 1):
             raise ValueError(f"{name} must be int32 [T, n], unit stride: {s.dtype} {s.shape}")
+    if out is not None and (out.dtype not in (torch.bfloat16, torch.float32) or out.stride(2) != 1):
+        raise ValueError(f"out must be bf16 or fp32 [T, H, {D}] with unit stride in D")
 
 
 def sparse_attention(
@@ -105,12 +112,10 @@ def sparse_attention(
     `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm` times."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
-    check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4)
     T, H, _ = q.shape
     if out is None:
         out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
-    if out.dtype not in (torch.bfloat16, torch.float32) or out.stride(2) != 1:
-        raise ValueError(f"out must be bf16 or fp32 [T, H, {D}] with unit stride in D")
+    check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, out)
     if T == 0:
         return out
     W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
@@ -128,8 +133,7 @@ def sparse_attention(
     sink = attn_sink if attn_sink is not None else lse
     if attn_sink is not None and (attn_sink.dtype != torch.float32 or attn_sink.stride(0) != 1):
         raise ValueError("attn_sink must be contiguous fp32 [H]")
-    swa_s = swa_slots if W else torch.full((T, 1), -1, dtype=torch.int32, device=dev)
-    kv_s = topk_slots if TOPK else torch.full((T, 1), -1, dtype=torch.int32, device=dev)
+    swa_s, kv_s = swa_slots, topk_slots  # an empty list's pointer is never read
     P, L, N, F = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
     args = [
         P(q.data_ptr()), L(q.stride(0)), L(q.stride(1)),

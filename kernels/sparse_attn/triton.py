@@ -4,8 +4,10 @@
 picks a `Plan` from the shapes alone (tokens T, heads H, head dim D, capability), so a decode
 call is CUDA-graph capturable (static grid, no host syncs):
 
-- up to 16 heads: `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32,
-  splits filling the GPU twice, from 32 tokens the next tile requested ahead;
+- up to 16 heads: from 32 tokens on SM90 the CUDA kernel (`cuda_decode`: each warp a quarter
+  of D, NVRTC-built at first use; the Triton path where it cannot be built); otherwise
+  `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32, splits filling the
+  GPU twice (from 32 tokens the next tile requested ahead);
 - 32 heads: the entries on M (SWAP), 8 warps, the next tile's records requested ahead;
 - 64 heads: batches under 8 tokens as 16-head programs; from 8 tokens 64-head programs whose
   P V product trails one tile (SKEW); on SM90 with `flash_mla` installed, FlashMLA's sparse
@@ -42,6 +44,7 @@ LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
 FLASHMLA_PRIVATE_MIN_TOKENS = 128  # from here to 1024: FlashMLA over per-entry workspace rows
 WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
+CUDA_MIN_TOKENS = 32  # from here to WORKSPACE_MIN_TOKENS (up to 16 heads) the CUDA kernel
 # fp32 q at D = 512 (the exact path, `_exact_variants`): under 8 programs of 16 heads, decode
 # and extend, T >= 1024 (benchmarks/RESULTS.md, "The served layer's exact path")
 EXACT_FEW, EXACT_DECODE, EXACT_PREFILL = "swap_w8_n32_pf", "direct_n32_x2", "ws_direct_n32"
@@ -147,8 +150,8 @@ def _variants(H: int) -> dict:
     }  # fmt: skip
     small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
     small["direct_n32_pf_x2"] = dataclasses.replace(small["direct_n32_x2"], prefetch=True)
-    if H <= 16:  # the CUDA kernel (cuda_decode), grids of 2 / 3 / 4 blocks per SM
-        for k in (2, 3, 4):
+    if H <= 16:  # the CUDA kernel (cuda_decode), grids of 2 or 3 blocks per SM
+        for k in (2, 3):
             small[f"cuda_x{k}"] = Plan(block_h=16, block_n=16, num_warps=4, swap=False, cuda=True,
                                        per_sm=k)  # fmt: skip
     if H <= 32:
@@ -200,6 +203,8 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
     v = _variants(H)
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
         return v["ws_direct_n64"]
+    if H <= 16 and T >= CUDA_MIN_TOKENS and _cuda_ok(device):
+        return v["cuda_x2"] if T < 128 else v["cuda_x3"]
     if H <= 16:
         return v["direct_n32_pf_x2"] if T >= 32 else v["direct_n32_x2"]
     if H <= 32:
@@ -209,6 +214,13 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
     if H in (64, 128) and T >= FLASHMLA_PRIVATE_MIN_TOKENS and _flashmla_ok(device):
         return v["flashmla"] if T >= FLASHMLA_MIN_TOKENS else v["flashmla_private"]
     return v["skew64_n32"]
+
+
+def _cuda_ok(device: torch.device) -> bool:
+    """The CUDA kernel builds and loads here (SM90, NVRTC); probed once per device."""
+    from sglang_dsv41.kernels.sparse_attn import cuda_decode
+
+    return cuda_decode.available(device)
 
 
 def _flashmla_ok(device: torch.device) -> bool:
@@ -255,6 +267,13 @@ def sparse_attention(
     plan = dataclasses.replace(plan_for(T, H, D, q.device, exact), **launch)
     if exact and (plan.flashmla or plan.cuda or (plan.skew and not plan.ieee)):
         raise ValueError("fp32 q (the exact path) takes neither FlashMLA, the CUDA kernel nor SKEW")
+    if plan.cuda and "cuda" not in launch:  # the default plan: Triton where the args don't fit
+        from sglang_dsv41.kernels.sparse_attn import cuda_decode
+
+        try:
+            cuda_decode.check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, out)
+        except ValueError:
+            plan = dataclasses.replace(_variants(H)["direct_n32_pf_x2"], **launch)
     if plan.cuda:
         from sglang_dsv41.kernels.sparse_attn import cuda_decode
 

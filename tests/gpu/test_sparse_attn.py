@@ -314,3 +314,65 @@ def test_flashmla_route_returns_its_output_without_out():
     filled = sparse_attention(q, skv, sink, out=out)
     assert filled.data_ptr() == out.data_ptr() and own.data_ptr() != out.data_ptr()
     assert torch.equal(own, filled)
+
+
+def _cuda_or_skip():
+    from sglang_dsv41.kernels.sparse_attn import cuda_decode
+
+    why = cuda_decode.why_unavailable(DEV)
+    if why is not None:
+        pytest.skip(f"the CUDA kernel does not run here: {why}")
+
+
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+@pytest.mark.parametrize("H", [1, 5, 8, 9, 16])
+@pytest.mark.parametrize("T", [1, 5, 40, 300])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_cuda_kernel_against_the_reference(layout, H, T, num_splits):
+    """The CUDA kernel (cuda_decode) at every head count it takes, split and unsplit, fp32 and
+    bf16 out; a token that sees only the sink gets zeros."""
+    _cuda_or_skip()
+    q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
+    out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, cuda=True, num_splits=num_splits)
+    if T > 2:
+        assert (out[2] == 0).all()
+    bf = sparse_attention(q, SparseKV(swa, sw, kv, tk, layout), sink, cuda=True)  # bf16 out
+    torch.testing.assert_close(bf.float(), out, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("W, TOPK", [(7, 40), (128, 0), (0, 100), (19, 5)])
+def test_cuda_kernel_segment_lengths(W, TOPK):
+    """Windows and top-k lists that are no multiple of the kernel's 16-entry tiles, or empty."""
+    _cuda_or_skip()
+    q, swa, sw, kv, tk, sink = make_case(40, 8, 512, max(W, 1), max(TOPK, 1), Layout.V41_FP4)
+    sw, tk = sw[:, :W].contiguous(), tk[:, :TOPK].contiguous()
+    for ns in (None, 1):
+        _check(q, swa, sw, kv, tk, Layout.V41_FP4, sink, cuda=True, num_splits=ns)
+
+
+def test_cuda_kernel_graph_capture_and_default_plan():
+    """From 32 tokens the default plan takes the CUDA kernel at up to 16 heads; it replays from
+    a CUDA graph; arguments it cannot take (a cache off a 16-byte boundary) go to Triton."""
+    _cuda_or_skip()
+    assert tri.plan_for(64, 8, 512, DEV, False).cuda and tri.plan_for(300, 16, 512, DEV, False).cuda
+    assert not tri.plan_for(8, 8, 512, DEV, False).cuda
+    assert not tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q: the exact path
+    q, swa, sw, kv, tk, sink = make_case(64, 8, 512, 128, 512, Layout.V41_FP4)
+    skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+    out = torch.empty(64, 8, 512, dtype=torch.bfloat16, device=DEV)
+    sparse_attention(q, skv, attn_sink=sink, out=out)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sparse_attention(q, skv, attn_sink=sink, out=out)
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    assert torch.equal(out, sparse_attention(q, skv, attn_sink=sink))
+    # a cache that does not start on 16 bytes: the default plan keeps Triton for the call
+    raw = torch.empty(swa.numel() + 8, dtype=torch.uint8, device=DEV)
+    odd = raw[8:].view(swa.shape)
+    odd.copy_(swa)
+    from sglang_dsv41.kernels.sparse_attn import cuda_decode
+
+    with pytest.raises(ValueError, match="16-byte"):
+        cuda_decode.check_args(q, odd, sw, kv, tk, True)
+    _check(q, odd, sw, kv, tk, Layout.V41_FP4, sink)

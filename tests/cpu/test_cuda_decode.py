@@ -1,0 +1,133 @@
+"""The CUDA sparse-attention kernel without a GPU: its source builds with NVRTC for sm_90a (the
+test environment's PyTorch brings NVRTC) within the registers and local memory it is meant to
+use, the build cache, the launcher's argument contract, and the plan's choice of it. Its
+numbers are checked on the GPU (tests/gpu/test_sparse_attn.py, against the torch reference).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+
+from sglang_dsv41.kernels.sparse_attn import cuda_decode, cuda_jit
+from sglang_dsv41.kernels.sparse_attn import triton as tri
+
+CPU = torch.device("cpu")
+
+
+def _nvrtc_or_skip():
+    try:
+        cuda_jit.nvrtc_version()
+    except cuda_jit.CudaJitError as exc:
+        pytest.skip(f"NVRTC is not loadable here: {exc}")
+
+
+def _resources(cubin: bytes, tmp_path) -> dict:
+    """Registers and local (spill) bytes of the kernel, from cuobjdump (Triton ships it)."""
+    triton = pytest.importorskip("triton")
+    tool = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "cuobjdump")
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    text = subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", text)
+    assert m, text
+    return {"regs": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))}
+
+
+@pytest.mark.parametrize("nh, max_regs", [(1, 128), (2, 168)])
+def test_the_kernel_builds_for_sm90a_without_spills(nh, max_regs, tmp_path):
+    """Both head-tile counts build; 127-128 registers at up to 8 heads (four blocks of 128
+    threads fit an SM's registers), at most 168 at 16 (three), no local memory."""
+    _nvrtc_or_skip()
+    with open(cuda_decode._SRC) as f:
+        src = f.read()
+    cubin = cuda_jit.compile_cubin(src, cuda_decode.NAME, "sm_90a", (f"-DNH={nh}",))
+    r = _resources(cubin, tmp_path)
+    assert r["regs"] <= max_regs and r["local"] == 0 and r["stack"] == 0, r
+
+
+def test_a_compile_error_names_the_kernel_and_the_log():
+    _nvrtc_or_skip()
+    with pytest.raises(cuda_jit.CudaJitError, match=r"could not compile broken(.|\n)*error"):
+        cuda_jit.compile_cubin('extern "C" __global__ void broken() { nope; }', "broken", "sm_90a")
+
+
+def test_builds_are_cached_by_their_inputs(tmp_path, monkeypatch):
+    _nvrtc_or_skip()
+    monkeypatch.setenv("SGLANG_DSV41_CUDA_CACHE", str(tmp_path))
+    src = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.0f; }'
+    a = cuda_jit.cached_cubin(src, "k", "sm_90a")
+    files = os.listdir(tmp_path)
+    assert len(files) == 1 and files[0].startswith("k-sm_90a-")
+    (tmp_path / files[0]).write_bytes(b"cached")  # a second call reads the file, not NVRTC
+    assert cuda_jit.cached_cubin(src, "k", "sm_90a") == b"cached"
+    b = cuda_jit.cached_cubin(src, "k", "sm_90a", ("-DX=1",))
+    assert len(os.listdir(tmp_path)) == 2 and a[:4] == b[:4] == b"\x7fELF"
+
+
+def _args(T=3, H=8, W=5, TOPK=7, fp4=True):
+    q = torch.zeros(T, H, 512, dtype=torch.bfloat16)
+    swa = torch.zeros(10, 528, dtype=torch.uint8)
+    kv = torch.zeros(10, 288 if fp4 else 528, dtype=torch.uint8)
+    sw = torch.zeros(T, W, dtype=torch.int32)
+    tk = torch.zeros(T, TOPK, dtype=torch.int32)
+    return q, swa, sw, kv, tk, fp4
+
+
+def test_the_argument_contract():
+    cuda_decode.check_args(*_args())
+    cuda_decode.check_args(*_args(fp4=False))
+    q, swa, sw, kv, tk, fp4 = _args()
+    bad = {
+        "17 heads": (torch.zeros(3, 17, 512, dtype=torch.bfloat16), swa, sw, kv, tk, fp4),
+        "fp32 q": (q.float(), swa, sw, kv, tk, fp4),
+        "head dim 256": (q[:, :, :256], swa, sw, kv, tk, fp4),
+        "V41 rows for FP4": (q, swa, sw, torch.zeros(10, 528, dtype=torch.uint8), tk, fp4),
+        "int64 slots": (q, swa, sw.long(), kv, tk, fp4),
+        "off 16 bytes": (q, torch.zeros(10 * 528 + 8, dtype=torch.uint8)[8:].view(10, 528),
+                         sw, kv, tk, fp4),
+    }  # fmt: skip
+    for why, a in bad.items():
+        with pytest.raises(ValueError):
+            cuda_decode.check_args(*a)
+        assert why
+    with pytest.raises(ValueError, match="out must be"):
+        cuda_decode.check_args(*_args(), out=torch.zeros(3, 8, 512, dtype=torch.float16))
+    q, swa, sw, kv, tk, fp4 = _args(W=0)  # an empty segment's cache is never read
+    cuda_decode.check_args(q, torch.zeros(1, 1, dtype=torch.uint8), sw, kv, tk, fp4)
+
+
+def test_shared_memory_per_stage():
+    assert cuda_decode.smem_bytes() == 34816 + 8192 + 3 * 8704
+    assert cuda_decode.smem_bytes(("-DSTAGES=4",)) - cuda_decode.smem_bytes() == 8704
+    assert 3 * (cuda_decode.smem_bytes() + 1024) <= 228 * 1024  # three blocks per SM
+
+
+def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not cuda_decode.available(CPU)
+    assert not tri.plan_for(64, 8, 512, CPU, False).cuda  # no GPU: Triton's plan
+    monkeypatch.setattr(tri, "_cuda_ok", lambda device: True)
+    v = tri.variants_for(8)
+    for T, want in ((32, "cuda_x2"), (127, "cuda_x2"), (128, "cuda_x3"), (1023, "cuda_x3")):
+        for H in (1, 8, 16):
+            assert tri.Plan(**v[want]) == tri.plan_for(T, H, 512, CPU, False), (T, H)
+    assert not tri.plan_for(31, 8, 512, CPU, False).cuda  # latency-bound batches: Triton
+    assert not tri.plan_for(1024, 8, 512, CPU, False).cuda  # prefill: the workspace route
+    assert not tri.plan_for(64, 32, 512, CPU, False).cuda
+    assert not tri.plan_for(64, 8, 512, CPU, True).cuda  # fp32 q
+    assert not any(p["cuda"] for p in tri.variants_for(8, exact=True).values())
+    with pytest.raises(ValueError, match="CUDA kernel"):
+        q, swa, sw, kv, tk, fp4 = _args()
+        tri.sparse_attention(q.float(), swa, sw, kv, tk, fp4, None, 1.0, None, cuda=True)
+
+
+def test_the_source_ships_with_the_package():
+    root = os.path.join(os.path.dirname(cuda_decode._SRC), "..", "..")
+    with open(os.path.join(root, "pyproject.toml")) as f:
+        text = f.read()
+    assert re.search(r'^"sglang_dsv41\.kernels\.sparse_attn" = \["\*\.cu"\]', text, re.M)
