@@ -114,6 +114,7 @@ def compile_variant(v, fp4: bool, split: bool, exact: bool = False) -> dict:
         ROUND_Q=not exact,
         PREC="tf32",
         EXACT3=exact,
+        FAST_DEQ=True,
     )
     sig = dict(SIG, **{k: "constexpr" for k in const})
     if exact:

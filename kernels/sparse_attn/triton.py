@@ -106,8 +106,8 @@ class Plan:
     workspace: this kernel over that workspace's BF16 rows (triton_workspace);
     ieee: fp32 q only: fp32 tiles with IEEE products instead of three bf16 parts;
     private: with flashmla, one workspace row per (token, entry), no compaction (decode);
-    fast: records dequantized by inline PTX where the kernel allows it (triton_kernel: up to 32
-    heads per program, bf16 q); False keeps Triton's own conversions;
+    fast: records dequantized by inline PTX where the kernel allows it (triton_kernel: 16-head
+    programs, or 32 with the entries on M; bf16 q); False keeps Triton's own conversions;
     cuda: the CUDA kernel for up to 16 heads (cuda_decode; splits from num_splits / per_sm).
     """
 

@@ -12,6 +12,9 @@ online softmax in base 2. Two orientations of the two products (compile-time SWA
   M >= 64 (wgmma) but take N = 16: with 8 or 16 heads the entries fill M instead of padding the
   heads, and the [D, BH] accumulator is small enough for several programs per SM.
 
+Records are dequantized by inline PTX (FAST, `triton_records._fast_*`: ~2.5 SASS instructions a
+value instead of ~16) where that was measured faster; see the comment at FAST below.
+
 Options, each a compile-time switch measured in benchmarks/RESULTS.md:
 - PREFETCH: the slots of tile u + 2 and the bytes of tile u + 1 are requested before tile u is
   computed, so the dependent index -> record loads overlap the products instead of preceding them.
@@ -223,11 +226,13 @@ def sparse_attn_kernel(
     DT: tl.constexpr = tl.float32 if DOT_FP32 else tl.bfloat16
     # FAST: records dequantized by inline PTX (triton_records.FAST_FACTOR): the tiles are the
     # values x 2^-8, so the logit scale and the output take 2^8. Only where it was measured
-    # faster and builds (benchmarks/RESULTS.md): programs of up to 32 heads with bf16 q. Not
-    # with a BF16 workspace (its rows are the values: the factors would mix), not on the exact
-    # path (slower there: 115.7 against 92.2 us at 8 heads, batch 128), not at 64 heads per
-    # program (Triton 3.6 fails to build it over V41_FP4 records).
-    FAST: tl.constexpr = FAST_DEQ and (not DOT_FP32) and (not EXACT3) and KV_FMT != 2 and BH <= 32
+    # faster and builds (benchmarks/RESULTS.md): 16-head programs, and 32-head ones with the
+    # entries on M, with bf16 q. Not with a BF16 workspace (its rows are the values: the
+    # factors would mix), not on the exact path (115.7 against 92.2 us at 8 heads, batch 128),
+    # not for 32 heads on M (122 -> 156 us at batch 128), not at 64 heads per program (Triton
+    # 3.6 fails to build it over V41_FP4 records).
+    FAST_BH: tl.constexpr = BH <= 16 or (SWAP and BH <= 32)
+    FAST: tl.constexpr = FAST_DEQ and (not DOT_FP32) and (not EXACT3) and KV_FMT != 2 and FAST_BH
     if FAST:
         qk_scale = qk_scale * 256.0
     i_t = tl.program_id(0).to(tl.int64)
