@@ -20,7 +20,6 @@ before each replay): no host launch time. The torch baselines (`plain_torch_scor
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from sglang_dsv41.kv.records import unpack_index_k
 from sglang_dsv41.layers.index_math import pool_mask
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from graph_timing import graph_us  # noqa: E402  (benchmarks/ is not a package)
+from graph_timing import eager_us, graph_us  # noqa: E402  (benchmarks/ is not a package)
 
 P = 64
 REC = 68
@@ -47,6 +46,11 @@ SHAPES = {  # launch shapes swept with --sweep: (entries per tile, tiles per pro
     "scan": ((128, 8, 4), (128, 8, 8), (256, 4, 8)),
     "pool": ((128, 1, 8), (128, 1, 4), (64, 1, 4), (128, 4, 4)),
 }
+
+
+def torch_us(fn) -> float:
+    """Eager median of 3 calls after one warm-up, for the millisecond plain-torch paths."""
+    return eager_us(fn, warmup=1, rep=3)
 
 
 def pool_case(T, n, seed=0):
@@ -121,21 +125,6 @@ def bf16_keys(index_k):
     return torch.cat([unpack_index_k(c).to(torch.bfloat16) for c in index_k.split(1 << 20)])
 
 
-def events_us(fn, n=3):
-    """Median us of n eager calls, CUDA events around each (for the millisecond torch paths)."""
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(ts)
-
-
 def copy_rate():
     x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
@@ -201,10 +190,10 @@ def main():
             "scan_us": graph_us(lambda: ops.block_scores(*a, force_newest=True)),
             "full_topk_us": graph_us(lambda: ops.full_topk(*a, GEO)),
             "candidate_source_us": graph_us(lambda: ops.candidate_source(*a, GEO)),
-            "torch_full_topk_us": events_us(lambda: plain_torch_full_topk(*flat(a))),
+            "torch_full_topk_us": torch_us(lambda: plain_torch_full_topk(*flat(a))),
         }
         a = (*flat(a)[:2], bf16_keys(flat(a)[2]), *flat(a)[3:])
-        row["torch_bf16_cache_full_topk_us"] = events_us(lambda: plain_torch_full_topk(*a))
+        row["torch_bf16_cache_full_topk_us"] = torch_us(lambda: plain_torch_full_topk(*a))
         row["scan_TBps"] = T * n_big * REC / (row["scan_us"] * 1e-6) / 1e12
         res["full"].append(row)
         print("full", row, flush=True)
@@ -248,9 +237,9 @@ def main():
                 "pool_scores_us": graph_us(lambda: ops.pool_scores(*a, pool)),
             }
             if not (args.quick and n > (1 << 16)):
-                row["torch_us"] = events_us(lambda: plain_torch_reindex(*flat(a), pool))
+                row["torch_us"] = torch_us(lambda: plain_torch_reindex(*flat(a), pool))
                 a = (*flat(a)[:2], bf16_keys(flat(a)[2]), *flat(a)[3:])
-                row["torch_bf16_cache_us"] = events_us(lambda: plain_torch_reindex(*a, pool))
+                row["torch_bf16_cache_us"] = torch_us(lambda: plain_torch_reindex(*a, pool))
             res["reindex"].append(row)
             print("reindex", row, flush=True)
             a = pool = None

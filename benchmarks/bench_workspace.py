@@ -29,7 +29,7 @@ from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
 from sglang_dsv41.kv.records import Layout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from graph_timing import graph_us  # noqa: E402  (benchmarks/ is not a package)
+from graph_timing import eager_us, graph_us  # noqa: E402  (benchmarks/ is not a package)
 
 T, W, TOPK, CTX, D = 4096, 128, 512, 16384, 512
 MAIN_SLOTS = (8192, 1 << 20, 1 << 24, 1 << 26)  # the last: 64 M slots, 19 GB of FP4 records
@@ -72,21 +72,6 @@ def measure(s2: int, dev) -> dict:
     row["prefill_64_heads_us"] = graph_us(lambda: sparse_attention(q, skv, sink))
     row["prefill_64_heads_eager_us"] = eager_us(lambda: sparse_attention(q, skv, sink))
     return row
-
-
-def eager_us(fn, warmup: int = 3, rep: int = 20) -> float:
-    """Median microseconds of eager calls (CUDA events around each; host syncs included)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(rep):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def main():

@@ -1,5 +1,6 @@
-"""The benchmarks' CUDA-graph timer (benchmarks/ is not a package: the scripts put this folder on
-sys.path and `import graph_timing`)."""
+"""The benchmarks' timers: CUDA-graph replays, and eager calls between CUDA events
+(benchmarks/ is not a package: the scripts put this folder on sys.path and
+`import graph_timing`)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,20 @@ def graph_us(fn, warmup: int = 10, rep: int = 60) -> float:
     t = triton.testing.do_bench(g.replay, warmup=warmup, rep=rep, return_mode="median") * 1e3
     del g
     return t
+
+
+def eager_us(fn, warmup: int = 3, rep: int = 20) -> float:
+    """Median microseconds of eager calls of fn(), CUDA events around each (host syncs and
+    launch overheads included), after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return sorted(times)[len(times) // 2]
