@@ -47,6 +47,18 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
   return d;
 }
 
+__device__ __forceinline__ float lo_f(u32 pr) { return __uint_as_float(pr << 16); }
+__device__ __forceinline__ float hi_f(u32 pr) { return __uint_as_float(pr & 0xFFFF0000u); }
+
+// (x0, x1) -> three bf16x2 words whose sums are x0 and x1 exactly (the exact path's split:
+// each part is the bf16 rounding of what the previous ones left), largest first.
+__device__ __forceinline__ void split3(float x0, float x1, u32* out) {
+  out[0] = pack_bf16(x0, x1);
+  const float r0 = x0 - lo_f(out[0]), r1 = x1 - hi_f(out[0]);
+  out[1] = pack_bf16(r0, r1);
+  out[2] = pack_bf16(r0 - lo_f(out[1]), r1 - hi_f(out[1]));
+}
+
 __device__ __forceinline__ float e4m3_to_float(u32 b) {
   u32 e = (b >> 3) & 15u, m = b & 7u;
   float v;
@@ -184,16 +196,23 @@ __device__ __forceinline__ void store_tile(u16* tile, const u32* v, u32 sc, int 
 }
 
 #ifndef MIN_BLOCKS
-#define MIN_BLOCKS 3
+#define MIN_BLOCKS (EXACT ? 2 : 3)  // blocks per SM the registers are sized for
 #endif
 #ifndef NH
 #define NH 2  // tiles of 8 heads in the output product: 1 for H <= 8, 2 for H <= 16
+#endif
+#ifndef EXACT
+#define EXACT 0  // 1: fp32 q and P, each split into three exact bf16 parts (NH = 1 only)
+#endif
+#define QP (EXACT ? 3 : 1)  // bf16 parts of q and P
+#if EXACT && NH != 1
+#error "the exact mode takes up to 8 heads (NH = 1)"
 #endif
 // stored position -> d inside a group of 8 (the dequantization's order 0 2 4 6 1 3 5 7)
 #define PERM8(p) ((((p) & 3) << 1) | ((p) >> 2))
 
 extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
-    const u16* __restrict__ q, long long stride_qt, long long stride_qh,
+    const void* __restrict__ q, long long stride_qt, long long stride_qh,
     const u8* __restrict__ swa, const int* __restrict__ swa_idx, long long stride_swt,
     const u8* __restrict__ kv, const int* __restrict__ kv_idx, long long stride_kvt, int kv_fp4,
     const float* __restrict__ sink, int has_sink, float* __restrict__ part,
@@ -213,25 +232,37 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
   const int dlo = (tq & 1) * 4 + (tq >> 1), dhi = dlo + 2;  // positions 0..7 -> 0 2 4 6 1 3 5 7
 
   // q's quarter as A fragments (8 k-steps of 16 positions), zero rows beyond H
-  u32 qa[8][4];
+  u32 qa[QP][8][4];  // [part][k-step]: A fragments; rows g + 8 zero when NH = 1
   {
-    const u16* qt = q + (long long)t * stride_qt;
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        int d0 = DQ * warp + 16 * kk + 8 * half;
-        u32 r0 = 0, r1 = 0;
+        const long long d0 = DQ * warp + 16 * kk + 8 * half;
+        u32 r0[QP], r1[QP];
+#pragma unroll
+        for (int c = 0; c < QP; ++c) r0[c] = r1[c] = 0;
+#if EXACT
+        if (g < H) {
+          const float* p = (const float*)q + t * stride_qt + g * stride_qh + d0;
+          split3(p[dlo], p[dhi], r0);
+        }
+#else
+        const u16* qt = (const u16*)q + (long long)t * stride_qt;
         if (g < H) {
           const u16* p = qt + (long long)g * stride_qh + d0;
-          r0 = (u32)p[dlo] | ((u32)p[dhi] << 16);
+          r0[0] = (u32)p[dlo] | ((u32)p[dhi] << 16);
         }
         if (NH == 2 && g + 8 < H) {
           const u16* p = qt + (long long)(g + 8) * stride_qh + d0;
-          r1 = (u32)p[dlo] | ((u32)p[dhi] << 16);
+          r1[0] = (u32)p[dlo] | ((u32)p[dhi] << 16);
         }
-        qa[kk][2 * half] = r0;
-        qa[kk][2 * half + 1] = r1;
+#endif
+#pragma unroll
+        for (int c = 0; c < QP; ++c) {
+          qa[c][kk][2 * half] = r0[c];
+          qa[c][kk][2 * half + 1] = NH == 2 ? r1[c] : 0u;
+        }
       }
     }
   }
@@ -307,8 +338,11 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
       for (int kk = 0; kk < 8; ++kk) {
         u32 b[4];
         ldsm_x4(b, base + 16 * kk);
-        mma16816(s0, qa[kk], b[0], b[1]);
-        mma16816(s1, qa[kk], b[2], b[3]);
+#pragma unroll
+        for (int c = QP - 1; c >= 0; --c) {  // the small parts first
+          mma16816(s0, qa[c][kk], b[0], b[1]);
+          mma16816(s1, qa[c][kk], b[2], b[3]);
+        }
       }
     }
     float* mine = red[buf][warp][lane];
@@ -362,8 +396,21 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     l_g8 = l_g8 * al_g8 + (p[2] + p[3] + p[6] + p[7]);
     // P^T as B fragments (k = entries 2 tq, 2 tq + 1 and 8 + those, n = head g): the logits'
     // own C layout, heads 0..7 from rows g, heads 8..15 from rows g + 8
-    const u32 pb[2][2] = {{pack_bf16(p[0], p[1]), pack_bf16(p[4], p[5])},
-                          {pack_bf16(p[2], p[3]), pack_bf16(p[6], p[7])}};
+    u32 pb[QP][2][2];  // [part][head tile][k half]
+#if EXACT
+    {
+      u32 a[3], b[3];
+      split3(p[0], p[1], a);
+      split3(p[4], p[5], b);
+#pragma unroll
+      for (int c = 0; c < 3; ++c) pb[c][0][0] = a[c], pb[c][0][1] = b[c], pb[c][1][0] = pb[c][1][1] = 0;
+    }
+#else
+    pb[0][0][0] = pack_bf16(p[0], p[1]);
+    pb[0][0][1] = pack_bf16(p[4], p[5]);
+    pb[0][1][0] = pack_bf16(p[2], p[3]);
+    pb[0][1][1] = pack_bf16(p[6], p[7]);
+#endif
     if (moved) {  // this lane's accumulator columns are heads 2 tq, 2 tq + 1 (+ 8)
 #pragma unroll
       for (int j = 0; j < NH; ++j) {
@@ -386,7 +433,9 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
         u32 a[4];
         ldsm_x4_t(a, base + 16 * mt);
 #pragma unroll
-        for (int j = 0; j < NH; ++j) mma16816(acc[mt][j], a, pb[j][0], pb[j][1]);
+        for (int j = 0; j < NH; ++j)
+#pragma unroll
+          for (int c = QP - 1; c >= 0; --c) mma16816(acc[mt][j], a, pb[c][j][0], pb[c][j][1]);
       }
     }
     __syncwarp();

@@ -29,6 +29,7 @@ from sglang_dsv41.kernels.sparse_attn.cuda_jit import CudaJitError, Kernel
 BN = 16  # entries per tile (the kernel's BN)
 D = 512
 MAX_HEADS = 16
+MAX_EXACT_HEADS = 8  # fp32 q (three bf16 parts of q and P): one tile of 8 heads
 NAME = "sparse_decode_h16"
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_decode.cu")
 
@@ -80,11 +81,14 @@ def why_unavailable(device: torch.device) -> str | None:
 def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, out=None) -> None:
     """What the kernel needs of its arguments; ValueError naming the first one that differs."""
     T, H, Dq = q.shape
-    if q.dtype != torch.bfloat16 or Dq != D or not 1 <= H <= MAX_HEADS or q.stride(2) != 1:
+    max_h = MAX_HEADS if q.dtype == torch.bfloat16 else MAX_EXACT_HEADS
+    if q.dtype not in (torch.bfloat16, torch.float32) or Dq != D or not 1 <= H <= max_h:
         raise ValueError(
-            f"the CUDA kernel takes bf16 q [T, H <= {MAX_HEADS}, {D}] with unit stride in D, "
-            f"got {q.dtype} {tuple(q.shape)} strides {q.stride()}"
+            f"the CUDA kernel takes bf16 q [T, H <= {MAX_HEADS}, {D}] or fp32 q [T, H <= "
+            f"{MAX_EXACT_HEADS}, {D}], got {q.dtype} {tuple(q.shape)}"
         )
+    if q.stride(2) != 1:
+        raise ValueError(f"q must have unit stride in D, got strides {q.stride()}")
     rec = 288 if kv_fp4 else 528
     for name, t, nb, n in (
         ("swa_flat", swa_flat, 528, swa_slots.shape[1]),
@@ -145,6 +149,8 @@ def sparse_attention(
     ]  # fmt: skip
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     defines = (f"-DNH={1 if H <= 8 else 2}", *defines)  # tiles of 8 heads in P V
+    if q.dtype == torch.float32:  # the exact path: three bf16 parts of q and P
+        defines = ("-DEXACT=1", *defines)
     kernel(tuple(defines))(
         (T, ns), (128,), args, stream=torch.cuda.current_stream(dev).cuda_stream,
         device_index=index, smem=smem_bytes(defines),

@@ -16,7 +16,8 @@ call is CUDA-graph capturable (static grid, no host syncs):
 - prefill-sized T up to 32 heads: `triton_kernel` over a bf16 workspace of the referenced
   records, each dequantized once (`triton_workspace`);
 - fp32 q (the exact path, what the served layer passes): the same kernels with q and P split
-  into three exact bf16 parts (`triton_kernel.split3`), never FlashMLA (bf16 q) nor SKEW;
+  into three exact bf16 parts (`triton_kernel.split3`), never FlashMLA (bf16 q) nor SKEW; up to
+  8 heads on SM90 (TP8) below prefill sizes, the CUDA kernel's exact mode (same split);
   `ieee=True` takes fp32 tiles with IEEE products instead (slow at D = 512);
 - TRITON_INTERPRET=1 and D < 512: heads on M, no options.
 Each choice is the fastest of `variants_for` on the H200 (benchmarks/RESULTS.md).
@@ -169,13 +170,15 @@ def _variants(H: int) -> dict:
     }
 
 
-def _exact_variants() -> dict:
-    """The exact path's variants (fp32 q), at any H: 16-head programs (with q's three parts,
+def _exact_variants(H: int) -> dict:
+    """The exact path's variants (fp32 q) at H heads: 16-head programs (with q's three parts,
     32 or 64 heads per program need more than the SM's 227 KB of shared memory), no FlashMLA
     (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
-    the three-part split)."""
+    the three-part split), and up to 8 heads the CUDA kernel's exact mode (`cuda_x2`)."""
     v = {k: p for k, p in _variants(16).items() if not (p.flashmla or p.skew or p.cuda)}
     v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
+    if H <= 8:
+        v["cuda_x2"] = _variants(8)["cuda_x2"]
     return v
 
 
@@ -183,7 +186,7 @@ def variants_for(H: int, exact: bool = False) -> dict:
     """Named launch options (every field of `Plan`) of each variant `plan_for` chooses from at H
     heads, for bf16 q or (exact) fp32 q; the GPU tests run each, benchmarks/bench_attention.py
     --sweep times each."""
-    v = _exact_variants() if exact else _variants(H)
+    v = _exact_variants(H) if exact else _variants(H)
     return {name: dataclasses.asdict(plan) for name, plan in v.items()}
 
 
@@ -196,9 +199,11 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
         nw = 4 if bh <= 16 else 8
         return Plan(block_h=bh, block_n=32, num_warps=nw, swap=False, ieee=exact and not interpret)
     if exact:
-        v = _exact_variants()
+        v = _exact_variants(H)
         if T >= WORKSPACE_MIN_TOKENS:
             return v[EXACT_PREFILL]
+        if H <= 8 and _cuda_ok(device):  # the CUDA kernel's exact mode (the served layer at TP8)
+            return v["cuda_x2"]
         return v[EXACT_FEW if T * triton.cdiv(H, 16) < 8 else EXACT_DECODE]
     v = _variants(H)
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
@@ -265,15 +270,18 @@ def sparse_attention(
     if unknown:
         raise TypeError(f"sparse_attention: unknown launch options {sorted(unknown)}")
     plan = dataclasses.replace(plan_for(T, H, D, q.device, exact), **launch)
-    if exact and (plan.flashmla or plan.cuda or (plan.skew and not plan.ieee)):
-        raise ValueError("fp32 q (the exact path) takes neither FlashMLA, the CUDA kernel nor SKEW")
+    if exact and (plan.flashmla or (plan.skew and not plan.ieee)):
+        raise ValueError("fp32 q (the exact path) takes neither the FlashMLA route nor SKEW")
+    if exact and plan.cuda and H > 8:
+        raise ValueError("fp32 q (the exact path) takes the CUDA kernel at up to 8 heads only")
     if plan.cuda and "cuda" not in launch:  # the default plan: Triton where the args don't fit
         from sglang_dsv41.kernels.sparse_attn import cuda_decode
 
         try:
             cuda_decode.check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, out)
         except ValueError:
-            plan = dataclasses.replace(_variants(H)["direct_n32_pf_x2"], **launch)
+            keep = _exact_variants(H)[EXACT_DECODE] if exact else _variants(H)["direct_n32_pf_x2"]
+            plan = dataclasses.replace(keep, **launch)
     if plan.cuda:
         from sglang_dsv41.kernels.sparse_attn import cuda_decode
 

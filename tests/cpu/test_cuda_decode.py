@@ -38,14 +38,17 @@ def _resources(cubin: bytes, tmp_path) -> dict:
     return {"regs": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))}
 
 
-@pytest.mark.parametrize("nh, max_regs", [(1, 128), (2, 168)])
-def test_the_kernel_builds_for_sm90a_without_spills(nh, max_regs, tmp_path):
-    """Both head-tile counts build; 127-128 registers at up to 8 heads (four blocks of 128
-    threads fit an SM's registers), at most 168 at 16 (three), no local memory."""
+@pytest.mark.parametrize(
+    "defines, max_regs", [(("-DNH=1",), 128), (("-DNH=2",), 168), (("-DNH=1", "-DEXACT=1"), 255)]
+)
+def test_the_kernel_builds_for_sm90a_without_spills(defines, max_regs, tmp_path):
+    """Every build the launcher makes: at most 128 registers at up to 8 heads (four blocks of
+    128 threads fit an SM's registers), 168 at 16 (three), the exact mode sized for two; no
+    local memory."""
     _nvrtc_or_skip()
     with open(cuda_decode._SRC) as f:
         src = f.read()
-    cubin = cuda_jit.compile_cubin(src, cuda_decode.NAME, "sm_90a", (f"-DNH={nh}",))
+    cubin = cuda_jit.compile_cubin(src, cuda_decode.NAME, "sm_90a", defines)
     r = _resources(cubin, tmp_path)
     assert r["regs"] <= max_regs and r["local"] == 0 and r["stack"] == 0, r
 
@@ -82,9 +85,11 @@ def test_the_argument_contract():
     cuda_decode.check_args(*_args())
     cuda_decode.check_args(*_args(fp4=False))
     q, swa, sw, kv, tk, fp4 = _args()
+    cuda_decode.check_args(q.float(), swa, sw, kv, tk, fp4)  # fp32 q: the exact mode, 8 heads
     bad = {
         "17 heads": (torch.zeros(3, 17, 512, dtype=torch.bfloat16), swa, sw, kv, tk, fp4),
-        "fp32 q": (q.float(), swa, sw, kv, tk, fp4),
+        "fp32 q, 9 heads": (torch.zeros(3, 9, 512), swa, sw, kv, tk, fp4),
+        "fp16 q": (q.half(), swa, sw, kv, tk, fp4),
         "head dim 256": (q[:, :, :256], swa, sw, kv, tk, fp4),
         "V41 rows for FP4": (q, swa, sw, torch.zeros(10, 528, dtype=torch.uint8), tk, fp4),
         "int64 slots": (q, swa, sw.long(), kv, tk, fp4),
@@ -119,10 +124,16 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     assert not tri.plan_for(31, 8, 512, CPU, False).cuda  # latency-bound batches: Triton
     assert not tri.plan_for(1024, 8, 512, CPU, False).cuda  # prefill: the workspace route
     assert not tri.plan_for(64, 32, 512, CPU, False).cuda
-    assert not tri.plan_for(64, 8, 512, CPU, True).cuda  # fp32 q
-    assert not any(p["cuda"] for p in tri.variants_for(8, exact=True).values())
-    with pytest.raises(ValueError, match="CUDA kernel"):
-        q, swa, sw, kv, tk, fp4 = _args()
+    # fp32 q (the served layer's exact path): the exact mode at up to 8 heads below prefill
+    for T in (1, 8, 300):
+        assert tri.Plan(**tri.variants_for(8, exact=True)["cuda_x2"]) == tri.plan_for(
+            T, 8, 512, CPU, True
+        )
+    assert not tri.plan_for(64, 16, 512, CPU, True).cuda
+    assert not tri.plan_for(1024, 8, 512, CPU, True).cuda
+    assert not any(p["cuda"] for p in tri.variants_for(16, exact=True).values())
+    with pytest.raises(ValueError, match="up to 8 heads"):
+        q, swa, sw, kv, tk, fp4 = _args(H=16)
         tri.sparse_attention(q.float(), swa, sw, kv, tk, fp4, None, 1.0, None, cuda=True)
 
 

@@ -377,3 +377,15 @@ def test_cuda_kernel_graph_capture_and_default_plan():
     with pytest.raises(ValueError, match="16-byte"):
         cuda_decode.check_args(q, odd, sw, kv, tk, True)
     _check(q, odd, sw, kv, tk, Layout.V41_FP4, sink)
+
+
+@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
+@pytest.mark.parametrize("H", [1, 5, 8])
+@pytest.mark.parametrize("T", [1, 40, 300])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_cuda_kernel_exact_mode(layout, H, T, num_splits):
+    """fp32 q at up to 8 heads (the served layer under TP8): the CUDA kernel with q and P in
+    three exact bf16 parts is the fp32 reference up to the order of the sums."""
+    _cuda_or_skip()
+    assert tri.plan_for(T, H, 512, DEV, True).cuda
+    assert _exact_err(T, H, 512, layout, cuda=True, num_splits=num_splits) < EXACT_BOUND
