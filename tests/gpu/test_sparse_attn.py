@@ -357,7 +357,8 @@ def test_cuda_kernel_graph_capture_and_default_plan():
     _cuda_or_skip()
     assert tri.plan_for(64, 8, 512, DEV, False).cuda and tri.plan_for(300, 16, 512, DEV, False).cuda
     assert not tri.plan_for(8, 8, 512, DEV, False).cuda
-    assert not tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q: the exact path
+    assert tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q at 8 heads: the exact mode
+    assert not tri.plan_for(64, 16, 512, DEV, True).cuda  # at 16: the Triton exact path
     q, swa, sw, kv, tk, sink = make_case(64, 8, 512, 128, 512, Layout.V41_FP4)
     skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
     out = torch.empty(64, 8, 512, dtype=torch.bfloat16, device=DEV)
