@@ -51,16 +51,28 @@ def smem_bytes(defines: tuple = ()) -> int:
     return 34816 + 8192 + 8704 * stages
 
 
-@functools.cache
+# The builds the launcher makes (sparse_attention): bf16 q at up to 8 / 16 heads, fp32 q.
+BUILDS = (("-DNH=1",), ("-DNH=2",), ("-DEXACT=1", "-DNH=1"))
+_PROBES: dict[int, str | None] = {}  # device index -> None (all builds load) or why not
+
+
 def _probe(index: int) -> str | None:
-    """None when the kernel builds and loads on device `index`, else why not."""
-    if torch.cuda.get_device_capability(index)[0] != 9:
-        return f"device {index} is not SM90 (compute capability 9.x)"
-    try:
-        kernel().function(index)
-    except (CudaJitError, OSError) as exc:
-        return str(exc)
-    return None
+    """None when every build loads on device `index`, else why not. Built once per process
+    (NVRTC, ~1 s a build, then the disk cache), never while a CUDA graph is being captured: a
+    capture that comes first keeps the Triton kernels until an eager call has built them."""
+    if index not in _PROBES:
+        if torch.cuda.is_current_stream_capturing():
+            return "not built yet, and a CUDA graph is being captured"
+        if torch.cuda.get_device_capability(index)[0] != 9:
+            _PROBES[index] = f"device {index} is not SM90 (compute capability 9.x)"
+        else:
+            try:
+                for build in BUILDS:
+                    kernel(build).function(index)
+                _PROBES[index] = None
+            except (CudaJitError, OSError) as exc:
+                _PROBES[index] = str(exc)
+    return _PROBES[index]
 
 
 def available(device: torch.device) -> bool:
