@@ -18,6 +18,8 @@
 //    rescaling its accumulator only when a row maximum moved, and adds P V over its quarter
 //    with d on M and heads on N (NH tiles of 8 heads): A = K^T by ldmatrix.trans, B = P^T
 //    straight from the logits' registers; its accumulator is 128 d x 8 NH heads, fp32.
+// EXACT (fp32 q, NH = 1): q and P are split into three exact bf16 parts and each product is
+// three MMAs, the small parts first (the Triton exact path's arithmetic).
 // Output: fp32 partials (normalized, with base-2 log-sum-exps) for the merge kernel, or, with
 // one split, the final rows with the sink applied (bf16 or fp32).
 

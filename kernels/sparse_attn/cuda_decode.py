@@ -6,11 +6,13 @@ Each warp owns a quarter of the head dimension for a whole tile of 16 entries (i
 dequantized tile, q's quarter in registers); only the logits are summed across the 4 warps, so
 there is one block barrier a tile and no warp re-reads q or another warp's records (the Triton
 kernel, whose warps split the entries, does both; benchmarks/RESULTS.md). Same arguments and
-meaning as `triton.sparse_attention` for bf16 q; the torch reference is
+meaning as `triton.sparse_attention`; fp32 q (the exact path, up to 8 heads) splits q and P
+into three exact bf16 parts, as the Triton exact path does. The torch reference is
 `kernels.sparse_attn.ref.sparse_attention_ref` (the GPU tests compare every shape with it).
 
-Runs where: SM90 (H100 / H200), bf16 q [T, H <= 16, 512], V41 SWA records and V41 or V41_FP4
-main-KV records with contiguous rows, NVRTC loadable (PyTorch's CUDA wheels bring it).
+Runs where: SM90 (H100 / H200), bf16 q [T, H <= 16, 512] or fp32 q [T, H <= 8, 512], V41 SWA
+records and V41 or V41_FP4 main-KV records with contiguous rows, NVRTC loadable (PyTorch's CUDA
+wheels bring it). Not run on any other GPU.
 `available(device)` says whether it does here, building once and keeping the reason when not;
 the launcher (`triton.plan_for`) then keeps the Triton kernels.
 """
