@@ -230,6 +230,9 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int e_ld = lane >> 1, hh = lane & 1;
+  // this lane's ldmatrix row in a tile, for both products: matrix lane / 8 of the x4 load is
+  // entries 0-7 or 8-15 (bit 1) x d 0-7 or 8-15 of a 16-wide step (bit 0), row lane % 8
+  const int ld_off = ((lane & 7) + 8 * ((lane >> 4) & 1)) * ROW + 8 * ((lane >> 3) & 1);
   // d offsets inside a group of 8 of this lane's fragment columns 2 tq, 2 tq + 1
   const int dlo = (tq & 1) * 4 + (tq >> 1), dhi = dlo + 2;  // positions 0..7 -> 0 2 4 6 1 3 5 7
 
@@ -334,8 +337,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     // partial logits over the quarter: S[16 heads, 16 entries]
     float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
     {
-      const int i = lane >> 3, r = lane & 7;
-      const u16* base = tile + (r + 8 * (i >> 1)) * ROW + 8 * (i & 1);
+      const u16* base = tile + ld_off;
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         u32 b[4];
@@ -427,9 +429,8 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
         }
       }
     }
-    {  // A = K^T tiles (d on M, entries on K) by ldmatrix.trans of the [entry][d] tile
-      const int i = lane >> 3, r = lane & 7;
-      const u16* base = tile + (r + 8 * (i >> 1)) * ROW + 8 * (i & 1);
+    {  // A = K^T tiles (d on M, entries on K) by ldmatrix.trans of the same 8 x 8 blocks
+      const u16* base = tile + ld_off;
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt) {
         u32 a[4];

@@ -190,9 +190,10 @@ def variants_for(H: int, exact: bool = False) -> dict:
     return {name: dataclasses.asdict(plan) for name, plan in v.items()}
 
 
-def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
+def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bool = True) -> Plan:
     """The default plan for T tokens x H heads x D (shape-only, so graph-capturable); `exact`:
-    fp32 q."""
+    fp32 q; `cuda`: whether the CUDA kernel may be chosen (False: the Triton plan for the
+    shape, what a call the CUDA kernel cannot take falls back to)."""
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
     if interpret or D < 512:  # small models keep IEEE products on the GPU (cheap at small D)
         bh = min(64, max(16, triton.next_power_of_2(H)))
@@ -202,13 +203,13 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool) -> Plan:
         v = _exact_variants(H)
         if T >= WORKSPACE_MIN_TOKENS:
             return v[EXACT_PREFILL]
-        if H <= 8 and _cuda_ok(device):  # the CUDA kernel's exact mode (the served layer at TP8)
+        if cuda and H <= 8 and _cuda_ok(device):  # the CUDA exact mode (served layer at TP8)
             return v["cuda_x2"]
         return v[EXACT_FEW if T * triton.cdiv(H, 16) < 8 else EXACT_DECODE]
     v = _variants(H)
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
         return v["ws_direct_n64"]
-    if H <= 16 and T >= CUDA_MIN_TOKENS and _cuda_ok(device):
+    if cuda and H <= 16 and T >= CUDA_MIN_TOKENS and _cuda_ok(device):
         return v["cuda_x2"] if T < 128 else v["cuda_x3"]
     if H <= 16:
         return v["direct_n32_pf_x2"] if T >= 32 else v["direct_n32_x2"]
@@ -280,8 +281,7 @@ def sparse_attention(
         try:
             cuda_decode.check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, out)
         except ValueError:
-            keep = _exact_variants(H)[EXACT_DECODE] if exact else _variants(H)["direct_n32_pf_x2"]
-            plan = dataclasses.replace(keep, **launch)
+            plan = dataclasses.replace(plan_for(T, H, D, q.device, exact, cuda=False), **launch)
     if plan.cuda:
         from sglang_dsv41.kernels.sparse_attn import cuda_decode
 

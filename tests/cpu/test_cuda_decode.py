@@ -123,6 +123,12 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
         for H in (1, 8, 16):
             assert tri.Plan(**v[want]) == tri.plan_for(T, H, 512, CPU, False), (T, H)
     assert not tri.plan_for(31, 8, 512, CPU, False).cuda  # latency-bound batches: Triton
+    # cuda=False: the Triton plan a call falls back to when the kernel cannot take it
+    t8 = tri.variants_for(8)
+    assert tri.plan_for(64, 8, 512, CPU, False, cuda=False) == tri.Plan(**t8["direct_n32_pf_x2"])
+    t8x = tri.variants_for(8, exact=True)
+    assert tri.plan_for(1, 8, 512, CPU, True, cuda=False) == tri.Plan(**t8x["swap_w8_n32_pf"])
+    assert tri.plan_for(64, 8, 512, CPU, True, cuda=False) == tri.Plan(**t8x["direct_n32_x2"])
     assert not tri.plan_for(1024, 8, 512, CPU, False).cuda  # prefill: the workspace route
     assert not tri.plan_for(64, 32, 512, CPU, False).cuda
     # fp32 q (the served layer's exact path): the exact mode at up to 8 heads below prefill
