@@ -2,7 +2,7 @@
 kernels and FlashMLA, decode only, one GPU (SM90).
 
     PYTHONPATH=. python3 benchmarks/bench_cuda_decode.py [--heads 8,16] [--exact]
-        [--build "-DSTAGES=4" --build "-DMIN_BLOCKS=3"] [--json out.json]
+        [--build=-DSTAGES=4 --build="-DMIN_BLOCKS=3 -DQK_CHAINS=2"] [--json out.json]
 
 Cases, inputs and timer as `bench_attention.py` (decode batch 1 / 8 / 32 / 128 / 256, window
 128 + top-512 V41_FP4 entries, CUDA-graph replays with the L2 flushed): per case FlashMLA's

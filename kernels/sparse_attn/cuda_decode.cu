@@ -61,23 +61,16 @@ __device__ __forceinline__ void split3(float x0, float x1, u32* out) {
   out[2] = pack_bf16(r0 - lo_f(out[1]), r1 - hi_f(out[1]));
 }
 
-__device__ __forceinline__ float e4m3_to_float(u32 b) {
-  u32 e = (b >> 3) & 15u, m = b & 7u;
-  float v;
-  if ((b & 0x7Fu) == 0x7Fu) {
-    v = __int_as_float(0x7FC00000);
-  } else if (e == 0) {
-    v = (float)m * 0.001953125f;  // m x 2^-9
-  } else {
-    v = __int_as_float(((e + 120u) << 23) | (m << 20));
-  }
-  return (b & 0x80u) ? -v : v;
-}
-
-// bf16 pair (m, m): an FP4 group's multiplier, e4m3 scale x 2^118 (exact).
-__device__ __forceinline__ u32 fp4_mult(u32 sbyte) {
-  u32 bits = __float_as_uint(e4m3_to_float(sbyte) * 3.32306998946229e35f) >> 16;
-  return bits | (bits << 16);
+// bf16 pairs (m, m) of two FP4 groups' multipliers, e4m3 scale x 2^118 (exact), from the
+// two scale bytes in the low half of `two` (the hardware e4m3 -> f16 conversion is exact).
+__device__ __forceinline__ void fp4_mults(u32 two, u32& m_lo, u32& m_hi) {
+  u32 h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((u16)two));
+  float f0, f1;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f0) : "h"((u16)h2));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f1) : "h"((u16)(h2 >> 16)));
+  m_lo = prmt(__float_as_uint(f0 * 3.32306998946229e35f), 0x3232u);
+  m_hi = prmt(__float_as_uint(f1 * 3.32306998946229e35f), 0x3232u);
 }
 
 // bf16 pair (m, m): a V41 group's multiplier 2^(s - 15); s above 142 gives inf.
@@ -153,47 +146,68 @@ __device__ __forceinline__ void cp_wait() {  // all but the newest STAGES - 2 gr
   asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
 }
 
-// Request the record bytes this lane dequantizes: entry lane / 2 of the tile, half lane % 2 of
-// the warp's quarter (64 values), into its 64 B of `v` and its scale word `sc` (zeros for
-// slot -1). fmt: 1 = V41_FP4 (288 B: 32 B of values, 4 e4m3 scales), 0 = V41 (528 B: 64 B of
-// values; the scale word holds both halves' UE8M0 bytes).
-__device__ __forceinline__ void issue_raw(u32* v, u32* sc, const u8* base, int slot, int fmt,
+__device__ __forceinline__ void cp8(void* dst, const void* src, int n) {
+  u32 a = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(a), "l"(src), "r"(n));
+}
+
+// The staging ring of one warp for one tile: chunk i of every lane side by side (16 B a lane,
+// so each cp.async and each read-back of the warp is one conflict-free 512 B row), and each
+// lane's scale bytes (8 B a lane).
+struct Raw {
+  uint4 v[4][32];  // [chunk][lane]
+  uint2 s[32];     // [lane]
+};
+
+// Request the record bytes lane (e, hh) dequantizes, e = lane % 16 the entry of the tile: in
+// the warp's quarter, chunk i of 16 B at 32 i + 16 hh (the two lanes of an entry read whole
+// 32 B sectors together). fmt 0 = V41 (528 B; 4 chunks = 64 e4m3 values; scale bytes at 512 +
+// 4 warp, one UE8M0 per 32 values: byte i for chunk i), 1 = V41_FP4 (288 B; 2 chunks = 64 e2m1
+// values; scale bytes at 256 + 8 warp, one e4m3 per 16 values: bytes 2 hh, 2 hh + 1 of word i
+// for chunk i). Zeros for slot -1.
+__device__ __forceinline__ void issue_raw(Raw& r, int lane, const u8* base, int slot, int fmt,
                                           int warp, int hh) {
-  const int n = slot >= 0 ? 16 : 0, n4 = slot >= 0 ? 4 : 0;
+  const int n = slot >= 0 ? 16 : 0;
   const u8* rec = base + (long long)(slot >= 0 ? slot : 0) * (fmt ? 288 : 528);
   if (fmt) {
-    const u8* pv = rec + 64 * warp + 32 * hh;
-    cp16(v, pv, n);
-    cp16(v + 4, pv + 16, n);
-    cp4(sc, rec + 256 + 8 * warp + 4 * hh, n4);
+    const u8* pv = rec + 64 * warp + 16 * hh;
+    cp16(&r.v[0][lane], pv, n);
+    cp16(&r.v[1][lane], pv + 32, n);
+    cp8(&r.s[lane], rec + 256 + 8 * warp, slot >= 0 ? 8 : 0);
   } else {
-    const u8* pv = rec + 128 * warp + 64 * hh;
+    const u8* pv = rec + 128 * warp + 16 * hh;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cp16(v + 4 * i, pv + 16 * i, n);
-    cp4(sc, rec + 512 + 4 * warp, n4);
+    for (int i = 0; i < 4; ++i) cp16(&r.v[i][lane], pv + 32 * i, n);
+    cp4(&r.s[lane], rec + 512 + 4 * warp, slot >= 0 ? 4 : 0);
   }
 }
 
-// Dequantize this lane's 64 values (from its staged bytes) into its row of the warp's tile.
-__device__ __forceinline__ void store_tile(u16* tile, const u32* v, u32 sc, int fmt, int e,
+// Dequantize lane (e, hh)'s staged values into row e of the warp's tile: chunk i holds the
+// quarter's values 32 i + 16 hh .. + 15 (V41) or 64 i + 32 hh .. + 31 (FP4).
+__device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, int fmt, int e,
                                            int hh) {
-  uint4* dst = (uint4*)(tile + e * ROW + 64 * hh);
+  const uint2 sc = r.s[lane];
   if (fmt) {
-    const uint4 a = *(const uint4*)v, b = *(const uint4*)(v + 4);
-    const u32 w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) dst[j] = fp4_word(w[j], fp4_mult((sc >> (8 * (j >> 1))) & 0xFFu));
+    for (int i = 0; i < 2; ++i) {
+      const uint4 a = r.v[i][lane];
+      u32 m0, m1;
+      fp4_mults((i ? sc.y : sc.x) >> (16 * hh), m0, m1);
+      uint4* dst = (uint4*)(tile + e * ROW + 64 * i + 32 * hh);
+      dst[0] = fp4_word(a.x, m0);
+      dst[1] = fp4_word(a.y, m0);
+      dst[2] = fp4_word(a.z, m1);
+      dst[3] = fp4_word(a.w, m1);
+    }
   } else {
-    u32 w[16];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint4 a = *(const uint4*)(v + 4 * i);
-      w[4 * i] = a.x; w[4 * i + 1] = a.y; w[4 * i + 2] = a.z; w[4 * i + 3] = a.w;
+      const uint4 a = r.v[i][lane];
+      const u32 m = v41_mult((sc.x >> (8 * i)) & 0xFFu);
+      uint4* dst = (uint4*)(tile + e * ROW + 32 * i + 16 * hh);
+      dst[0] = e4m3_words(a.x, a.y, m);
+      dst[1] = e4m3_words(a.z, a.w, m);
     }
-    const u32 s2 = sc >> (16 * hh);
-    const u32 m0 = v41_mult(s2 & 0xFFu), m1 = v41_mult((s2 >> 8) & 0xFFu);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) dst[j] = e4m3_words(w[2 * j], w[2 * j + 1], j < 4 ? m0 : m1);
   }
 }
 
@@ -207,6 +221,9 @@ __device__ __forceinline__ void store_tile(u16* tile, const u32* v, u32 sc, int 
 #define EXACT 0  // 1: fp32 q and P, each split into three exact bf16 parts (NH = 1 only)
 #endif
 #define QP (EXACT ? 3 : 1)  // bf16 parts of q and P
+#ifndef QK_CHAINS
+#define QK_CHAINS (EXACT ? 2 : 1)  // independent accumulator chains of the logits product
+#endif
 #if EXACT && NH != 1
 #error "the exact mode takes up to 8 heads (NH = 1)"
 #endif
@@ -223,13 +240,12 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
   // out_kind: 0 = fp32 partials part [T, NS, H, D] + lse [T, NS, H]; 1 = bf16 out; 2 = fp32 out
   extern __shared__ __align__(16) unsigned char smem[];  // SMEM_BYTES(STAGES), cuda_decode.py
   u16(*ktile)[4][BN * ROW] = (u16(*)[4][BN * ROW])smem;
-  float(*red)[4][32][8] = (float(*)[4][32][8])(smem + 2 * 4 * BN * ROW * 2);
-  u32(*rawv)[4][32][16] = (u32(*)[4][32][16])(smem + 2 * 4 * BN * ROW * 2 + 2 * 4 * 32 * 8 * 4);
-  u32(*raws)[4][32] = (u32(*)[4][32])((unsigned char*)rawv + STAGES * 4 * 32 * 16 * 4);
+  float4(*red)[4][2][32] = (float4(*)[4][2][32])(smem + 2 * 4 * BN * ROW * 2);  // [buf][warp]
+  Raw(*raw)[4] = (Raw(*)[4])(smem + 2 * 4 * BN * ROW * 2 + 2 * 4 * 2 * 32 * 16);  // [stage][warp]
   const int t = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
-  const int e_ld = lane >> 1, hh = lane & 1;
+  const int e_ld = lane & 15, hh = lane >> 4;  // this lane's entry of a tile, half of it
   // this lane's ldmatrix row in a tile, for both products: matrix lane / 8 of the x4 load is
   // entries 0-7 or 8-15 (bit 1) x d 0-7 or 8-15 of a 16-wide step (bit 0), row lane % 8
   const int ld_off = ((lane & 7) + 8 * ((lane >> 4) & 1)) * ROW + 8 * ((lane >> 3) & 1);
@@ -311,16 +327,15 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
 #pragma unroll
   for (int k = 0; k < STAGES - 1; ++k) {
     if (u0 + k < u1)
-      issue_raw(rawv[k][warp][lane], &raws[k][warp][lane], seg_base(u0 + k), slots[k],
-                seg_fmt(u0 + k), warp, hh);
+      issue_raw(raw[k][warp], lane, seg_base(u0 + k), slots[k], seg_fmt(u0 + k), warp, hh);
     cp_commit();
   }
   int s_ahead = slot_of(u0 + STAGES);
   u32 valid_cur = 0;
   if (u0 < u1) {
     cp_wait();
-    store_tile(ktile[0][warp], rawv[0][warp][lane], raws[0][warp][lane], seg_fmt(u0), e_ld, hh);
-    valid_cur = __ballot_sync(0xFFFFFFFFu, slots[0] >= 0);  // bit 2 e: entry e is live
+    store_tile(ktile[0][warp], raw[0][warp], lane, seg_fmt(u0), e_ld, hh);
+    valid_cur = __ballot_sync(0xFFFFFFFFu, slots[0] >= 0);  // bit e: entry e is live
     __syncwarp();
   }
   for (int u = u0; u < u1; ++u) {
@@ -329,14 +344,19 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     {  // request tile u + STAGES - 1 into the stage tile u - 1 used
       const int un = u + STAGES - 1, st = (un - u0) % STAGES;
       if (un < u1)
-        issue_raw(rawv[st][warp][lane], &raws[st][warp][lane], seg_base(un), slots[STAGES - 1],
-                  seg_fmt(un), warp, hh);
+        issue_raw(raw[st][warp], lane, seg_base(un), slots[STAGES - 1], seg_fmt(un), warp, hh);
       cp_commit();
     }
 
-    // partial logits over the quarter: S[16 heads, 16 entries]
+    // partial logits over the quarter: S[16 heads, 16 entries], QK_CHAINS independent
+    // accumulators per half (k-steps interleaved), summed at the end
     float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
     {
+      float c0[QK_CHAINS][4], c1[QK_CHAINS][4];
+#pragma unroll
+      for (int i = 0; i < QK_CHAINS; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) c0[i][j] = c1[i][j] = 0.f;
       const u16* base = tile + ld_off;
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
@@ -344,22 +364,24 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
         ldsm_x4(b, base + 16 * kk);
 #pragma unroll
         for (int c = QP - 1; c >= 0; --c) {  // the small parts first
-          mma16816(s0, qa[c][kk], b[0], b[1]);
-          mma16816(s1, qa[c][kk], b[2], b[3]);
+          mma16816(c0[kk % QK_CHAINS], qa[c][kk], b[0], b[1]);
+          mma16816(c1[kk % QK_CHAINS], qa[c][kk], b[2], b[3]);
         }
       }
+#pragma unroll
+      for (int i = 0; i < QK_CHAINS; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s0[j] += c0[i][j], s1[j] += c1[i][j];
     }
-    float* mine = red[buf][warp][lane];
-    *(float4*)mine = make_float4(s0[0], s0[1], s0[2], s0[3]);
-    *(float4*)(mine + 4) = make_float4(s1[0], s1[1], s1[2], s1[3]);
+    red[buf][warp][0][lane] = make_float4(s0[0], s0[1], s0[2], s0[3]);
+    red[buf][warp][1][lane] = make_float4(s1[0], s1[1], s1[2], s1[3]);
 
     // the next tile, while the other warps catch up
     u32 valid_next = 0;
     if (u + 1 < u1) {
       const int st = (u + 1 - u0) % STAGES;
       cp_wait();
-      store_tile(ktile[buf ^ 1][warp], rawv[st][warp][lane], raws[st][warp][lane], seg_fmt(u + 1),
-                 e_ld, hh);
+      store_tile(ktile[buf ^ 1][warp], raw[st][warp], lane, seg_fmt(u + 1), e_ld, hh);
       valid_next = __ballot_sync(0xFFFFFFFFu, slots[1] >= 0);
     }
 #pragma unroll
@@ -370,8 +392,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      const float4 a = *(const float4*)red[buf][w][lane];
-      const float4 b = *(const float4*)(red[buf][w][lane] + 4);
+      const float4 a = red[buf][w][0][lane], b = red[buf][w][1][lane];
       x[0] += a.x; x[1] += a.y; x[2] += a.z; x[3] += a.w;
       x[4] += b.x; x[5] += b.y; x[6] += b.z; x[7] += b.w;
     }
@@ -379,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       int e = 2 * tq + (i & 1) + 8 * (i >> 2);
-      x[i] = ((valid_cur >> (2 * e)) & 1u) ? x[i] * sc : -__int_as_float(0x7F800000);
+      x[i] = ((valid_cur >> e) & 1u) ? x[i] * sc : -__int_as_float(0x7F800000);
     }
     float mx_g = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[4], x[5]));
     float mx_g8 = fmaxf(fmaxf(x[2], x[3]), fmaxf(x[6], x[7]));

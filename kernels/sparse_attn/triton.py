@@ -4,10 +4,10 @@
 picks a `Plan` from the shapes alone (tokens T, heads H, head dim D, capability), so a decode
 call is CUDA-graph capturable (static grid, no host syncs):
 
-- up to 16 heads: from 32 tokens on SM90 the CUDA kernel (`cuda_decode`: each warp a quarter
-  of D, NVRTC-built at first use; the Triton path where it cannot be built); otherwise
-  `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32, splits filling the
-  GPU twice (from 32 tokens the next tile requested ahead);
+- up to 16 heads: on SM90 the CUDA kernel (`cuda_decode`: each warp a quarter of D,
+  NVRTC-built at first use; the Triton path where it cannot be built), at 9-16 heads from 32
+  tokens; otherwise `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32,
+  splits filling the GPU twice (from 32 tokens the next tile requested ahead);
 - 32 heads: the entries on M (SWAP), 8 warps, the next tile's records requested ahead;
 - 64 heads: batches under 8 tokens as 16-head programs; from 8 tokens 64-head programs whose
   P V product trails one tile (SKEW); on SM90 with `flash_mla` installed, FlashMLA's sparse
@@ -45,7 +45,7 @@ LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
 FLASHMLA_PRIVATE_MIN_TOKENS = 128  # from here to 1024: FlashMLA over per-entry workspace rows
 WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
-CUDA_MIN_TOKENS = 32  # from here to WORKSPACE_MIN_TOKENS (up to 16 heads) the CUDA kernel
+CUDA_MIN_TOKENS = 32  # 9-16 heads: from here to WORKSPACE_MIN_TOKENS the CUDA kernel (<= 8: from 1)
 # fp32 q at D = 512 (the exact path, `_exact_variants`): under 8 programs of 16 heads, decode
 # and extend, T >= 1024 (benchmarks/RESULTS.md, "The served layer's exact path")
 EXACT_FEW, EXACT_DECODE, EXACT_PREFILL = "swap_w8_n32_pf", "direct_n32_x2", "ws_direct_n32"
@@ -64,12 +64,14 @@ def combine_kernel(
     D: tl.constexpr,
     NS_P2: tl.constexpr,
     HAS_SINK: tl.constexpr,
+    DC: tl.constexpr,
 ):
-    """o[t, h] = sum_s 2^lse_s part_s / (sum_s 2^lse_s + e^sink[h])."""
+    """o[t, h, d] = sum_s 2^lse_s part_s / (sum_s 2^lse_s + e^sink[h]); grid (T, H, D / DC),
+    each program DC columns."""
     i_t = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     o_s = tl.arange(0, NS_P2)
-    o_d = tl.arange(0, D)
+    o_d = tl.program_id(2) * DC + tl.arange(0, DC)
     m_s = o_s < num_splits
     lse = tl.load(lse_ptr + (i_t * num_splits + o_s) * H + i_h, mask=m_s, other=float("-inf"))
     if HAS_SINK:
@@ -80,9 +82,22 @@ def combine_kernel(
     w = tl.exp2(lse - m)  # [NS_P2]
     den = tl.sum(w, 0) + tl.exp2(s2 - m)
     p_p = part_ptr + ((i_t * num_splits + o_s[:, None]) * H + i_h) * D + o_d[None, :]
-    b_p = tl.load(p_p, mask=m_s[:, None], other=0.0)  # [NS_P2, D]
+    b_p = tl.load(p_p, mask=m_s[:, None], other=0.0)  # [NS_P2, DC]
     o = tl.sum(b_p * w[:, None], 0) / tl.where(den > 0, den, 1.0)
     tl.store(o_ptr + i_t * stride_ot + i_h * stride_oh + o_d, o.to(o_ptr.dtype.element_ty))
+
+
+def combine(part, lse, sink, out, has_sink: bool) -> None:
+    """Merge the splits' partials part [T, NS, H, D] and lse [T, NS, H] into out [T, H, D]
+    (`combine_kernel`); programs of at most 4096 partial values each, so that a few tokens
+    with many splits still spread over the GPU."""
+    T, ns, H, D = part.shape
+    ns_p2 = triton.next_power_of_2(ns)
+    dc = min(D, max(32, 4096 // ns_p2))
+    combine_kernel[(T, H, triton.cdiv(D, dc))](
+        part, lse, sink, out, out.stride(0), out.stride(1), H, ns,
+        D=D, NS_P2=ns_p2, HAS_SINK=has_sink, DC=dc, num_warps=4,
+    )  # fmt: skip
 
 
 @functools.cache
@@ -209,8 +224,8 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
     v = _variants(H)
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
         return v["ws_direct_n64"]
-    if cuda and H <= 16 and T >= CUDA_MIN_TOKENS and _cuda_ok(device):
-        return v["cuda_x2"] if T < 128 else v["cuda_x3"]
+    if cuda and H <= 16 and (H <= 8 or T >= CUDA_MIN_TOKENS) and _cuda_ok(device):
+        return v["cuda_x2"] if 32 <= T < 128 else v["cuda_x3"]
     if H <= 16:
         return v["direct_n32_pf_x2"] if T >= 32 else v["direct_n32_x2"]
     if H <= 32:
@@ -381,18 +396,5 @@ def _launch(q, swa_flat, swa_slots, kv_rows, kv_slots, kv_fmt, attn_sink, scale,
         num_stages=plan.num_stages,
     )
     if split:
-        combine_kernel[(T, H)](
-            part,
-            lse,
-            sink,
-            out,
-            out.stride(0),
-            out.stride(1),
-            H,
-            ns,
-            D=D,
-            NS_P2=triton.next_power_of_2(ns),
-            HAS_SINK=attn_sink is not None,
-            num_warps=4,
-        )
+        combine(part, lse, sink, out, attn_sink is not None)
     return out

@@ -108,8 +108,8 @@ def test_the_argument_contract():
 
 
 def test_shared_memory_per_stage():
-    assert cuda_decode.smem_bytes() == 34816 + 8192 + 3 * 8704
-    assert cuda_decode.smem_bytes(("-DSTAGES=4",)) - cuda_decode.smem_bytes() == 8704
+    assert cuda_decode.smem_bytes() == 34816 + 8192 + 3 * 9216
+    assert cuda_decode.smem_bytes(("-DSTAGES=4",)) - cuda_decode.smem_bytes() == 9216
     assert 3 * (cuda_decode.smem_bytes() + 1024) <= 228 * 1024  # three blocks per SM
 
 
@@ -122,7 +122,9 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     for T, want in ((32, "cuda_x2"), (127, "cuda_x2"), (128, "cuda_x3"), (1023, "cuda_x3")):
         for H in (1, 8, 16):
             assert tri.Plan(**v[want]) == tri.plan_for(T, H, 512, CPU, False), (T, H)
-    assert not tri.plan_for(31, 8, 512, CPU, False).cuda  # latency-bound batches: Triton
+    for T in (1, 8, 31):  # up to 8 heads it takes every decode batch, 9-16 heads from 32
+        assert tri.Plan(**v["cuda_x3"]) == tri.plan_for(T, 8, 512, CPU, False), T
+        assert not tri.plan_for(T, 9, 512, CPU, False).cuda
     # cuda=False: the Triton plan a call falls back to when the kernel cannot take it
     t8 = tri.variants_for(8)
     assert tri.plan_for(64, 8, 512, CPU, False, cuda=False) == tri.Plan(**t8["direct_n32_pf_x2"])

@@ -310,3 +310,28 @@ def test_flashmla_workspace_interpreted(layout, sort, monkeypatch):
     assert torch.equal(got[valid], keys[valid])
     assert rows[valid.nonzero(as_tuple=True)].max() == n_ref - 1  # compacted: rows 0 .. n_ref-1
     assert rows[3, 0] == R - 1 and (ws[R - 1] == 0).all()
+
+
+@pytest.mark.triton_interpret
+def test_combine_in_column_chunks_interpreted():
+    """The merge of split partials (`triton.combine`) against its formula, with enough splits
+    that each program takes a chunk of the columns (20 splits x 512: four chunks of 128), a
+    split that saw nothing (lse -inf), a token whose splits all saw nothing, with and without
+    the sink."""
+    from sglang_dsv41.kernels.sparse_attn import triton as tri
+
+    T, NS, H, D = 3, 20, 5, 512
+    part = torch.randn(T, NS, H, D)
+    lse = torch.randn(T, NS, H) * 3
+    lse[0, 7] = float("-inf")
+    lse[2] = float("-inf")
+    for sink in (torch.randn(H), None):
+        out = torch.full((T, H, D), float("nan"))
+        tri.combine(part, lse, sink if sink is not None else lse, out, sink is not None)
+        s2 = sink * 1.4426950408889634 if sink is not None else torch.full((H,), float("-inf"))
+        m = torch.maximum(lse.amax(1), s2).clamp_min(-1e30)  # [T, H]
+        w = torch.exp2(lse - m[:, None])
+        den = w.sum(1) + torch.exp2(s2 - m)
+        want = (part * w[..., None]).sum(1) / torch.where(den > 0, den, 1.0)[..., None]
+        assert torch.allclose(out, want, rtol=1e-5, atol=1e-6)
+        assert (out[2] == 0).all()
