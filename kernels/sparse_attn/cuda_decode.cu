@@ -114,6 +114,14 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The 8 x 8 bf16 matrix whose C / A fragment this lane holds (row lane / 4, columns 2 (lane % 4)
+// and + 1), transposed: the same fragment of the transpose.
+__device__ __forceinline__ u32 movtrans(u32 a) {
+  u32 d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+  return d;
+}
+
 __device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
   u32 a = (u32)__cvta_generic_to_shared(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -212,7 +220,7 @@ __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, in
 }
 
 #ifndef MIN_BLOCKS
-#define MIN_BLOCKS (EXACT ? 2 : 3)  // blocks per SM the registers are sized for
+#define MIN_BLOCKS 3  // blocks per SM the registers are sized for
 #endif
 #ifndef NH
 #define NH 2  // tiles of 8 heads in the output product: 1 for H <= 8, 2 for H <= 16
@@ -227,6 +235,10 @@ __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, in
 #if EXACT && NH != 1
 #error "the exact mode takes up to 8 heads (NH = 1)"
 #endif
+// Up to 8 heads (NH = 1) the logits are computed transposed, S^T = K q^T with the 16 entries
+// on M and the 8 heads on N (one MMA a k-step, no padded rows); P^T for the output product is
+// then the logits' C fragments transposed in registers (movmatrix). 9-16 heads: heads on M.
+#define ESWAP (NH == 1)
 // stored position -> d inside a group of 8 (the dequantization's order 0 2 4 6 1 3 5 7)
 #define PERM8(p) ((((p) & 3) << 1) | ((p) >> 2))
 
@@ -252,8 +264,14 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
   // d offsets inside a group of 8 of this lane's fragment columns 2 tq, 2 tq + 1
   const int dlo = (tq & 1) * 4 + (tq >> 1), dhi = dlo + 2;  // positions 0..7 -> 0 2 4 6 1 3 5 7
 
-  // q's quarter as A fragments (8 k-steps of 16 positions), zero rows beyond H
-  u32 qa[QP][8][4];  // [part][k-step]: A fragments; rows g + 8 zero when NH = 1
+  // q's quarter as fragments of 8 k-steps of 16 positions, zero for heads beyond H: with
+  // ESWAP B fragments (head g; positions 2 tq, 2 tq + 1 and 8 + those), else A fragments
+  // (heads g and g + 8 on M)
+#if ESWAP
+  u32 qa[QP][8][2];  // [part][k-step][k half]
+#else
+  u32 qa[QP][8][4];  // [part][k-step]
+#endif
   {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
@@ -281,8 +299,12 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
 #endif
 #pragma unroll
         for (int c = 0; c < QP; ++c) {
+#if ESWAP
+          qa[c][kk][half] = r0[c];
+#else
           qa[c][kk][2 * half] = r0[c];
-          qa[c][kk][2 * half + 1] = NH == 2 ? r1[c] : 0u;
+          qa[c][kk][2 * half + 1] = r1[c];
+#endif
         }
       }
     }
@@ -313,7 +335,9 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
   for (int i = 0; i < 8; ++i)
 #pragma unroll
     for (int j = 0; j < NH; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-  float m_g = -1e30f, m_g8 = -1e30f, l_g = 0.f, l_g8 = 0.f;
+  // softmax state of two heads: with ESWAP heads 2 tq, 2 tq + 1 (this lane's accumulator
+  // columns; l summed over this lane's entries only), else heads g, g + 8 (rows of S)
+  float m_a = -1e30f, m_b = -1e30f, l_a = 0.f, l_b = 0.f;
   const float sc = qk_scale * 256.0f;  // the tiles are the values x 2^-8
 
   // Software pipeline: the records of tile u + STAGES - 1 are requested (cp.async) while tile
@@ -348,9 +372,35 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
       cp_commit();
     }
 
-    // partial logits over the quarter: S[16 heads, 16 entries], QK_CHAINS independent
-    // accumulators per half (k-steps interleaved), summed at the end
+    // partial logits over the quarter, QK_CHAINS independent accumulators (k-steps
+    // interleaved) summed at the end. ESWAP: S^T[16 entries, 8 heads] in s0 (c0, c1 = entry
+    // g, heads 2 tq, 2 tq + 1; c2, c3 = entry g + 8); else S[16 heads, 16 entries] in s0
+    // (entries 0-7) and s1 (entries 8-15)
     float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
+#if ESWAP
+    {
+      float c0[QK_CHAINS][4];
+#pragma unroll
+      for (int i = 0; i < QK_CHAINS; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) c0[i][j] = 0.f;
+      const u16* base = tile + ld_off;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        u32 b[4];
+        ldsm_x4(b, base + 16 * kk);
+        const u32 a[4] = {b[0], b[2], b[1], b[3]};  // the tile as A: entries 0-7 / 8-15 on M
+#pragma unroll
+        for (int c = QP - 1; c >= 0; --c)  // the small parts first
+          mma16816(c0[kk % QK_CHAINS], a, qa[c][kk][0], qa[c][kk][1]);
+      }
+#pragma unroll
+      for (int i = 0; i < QK_CHAINS; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s0[j] += c0[i][j];
+    }
+    red[buf][warp][0][lane] = make_float4(s0[0], s0[1], s0[2], s0[3]);
+#else
     {
       float c0[QK_CHAINS][4], c1[QK_CHAINS][4];
 #pragma unroll
@@ -375,6 +425,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     }
     red[buf][warp][0][lane] = make_float4(s0[0], s0[1], s0[2], s0[3]);
     red[buf][warp][1][lane] = make_float4(s1[0], s1[1], s1[2], s1[3]);
+#endif
 
     // the next tile, while the other warps catch up
     u32 valid_next = 0;
@@ -389,65 +440,110 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     slots[STAGES - 1] = s_ahead;
     s_ahead = slot_of(u + STAGES + 1);
     __syncthreads();
-    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const float4 a = red[buf][w][0][lane], b = red[buf][w][1][lane];
-      x[0] += a.x; x[1] += a.y; x[2] += a.z; x[3] += a.w;
-      x[4] += b.x; x[5] += b.y; x[6] += b.z; x[7] += b.w;
-    }
-    // x[0, 1] row g entries 2tq, 2tq+1; x[2, 3] row g+8 same; x[4..7] the same for 8 + ...
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      int e = 2 * tq + (i & 1) + 8 * (i >> 2);
-      x[i] = ((valid_cur >> e) & 1u) ? x[i] * sc : -__int_as_float(0x7F800000);
-    }
-    float mx_g = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[4], x[5]));
-    float mx_g8 = fmaxf(fmaxf(x[2], x[3]), fmaxf(x[6], x[7]));
-    mx_g = fmaxf(mx_g, __shfl_xor_sync(0xFFFFFFFFu, mx_g, 1));
-    mx_g = fmaxf(mx_g, __shfl_xor_sync(0xFFFFFFFFu, mx_g, 2));
-    mx_g8 = fmaxf(mx_g8, __shfl_xor_sync(0xFFFFFFFFu, mx_g8, 1));
-    mx_g8 = fmaxf(mx_g8, __shfl_xor_sync(0xFFFFFFFFu, mx_g8, 2));
-    const float mn_g = fmaxf(m_g, mx_g), mn_g8 = fmaxf(m_g8, mx_g8);
-    // the accumulator is rescaled only when some row's maximum moved (all warps agree)
-    const bool moved = __any_sync(0xFFFFFFFFu, mn_g != m_g || mn_g8 != m_g8);
-    const float al_g = exp2f(m_g - mn_g), al_g8 = exp2f(m_g8 - mn_g8);
-    m_g = mn_g;
-    m_g8 = mn_g8;
-    float p[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) p[i] = exp2f(x[i] - ((i & 2) ? mn_g8 : mn_g));
-    l_g = l_g * al_g + (p[0] + p[1] + p[4] + p[5]);
-    l_g8 = l_g8 * al_g8 + (p[2] + p[3] + p[6] + p[7]);
-    // P^T as B fragments (k = entries 2 tq, 2 tq + 1 and 8 + those, n = head g): the logits'
-    // own C layout, heads 0..7 from rows g, heads 8..15 from rows g + 8
-    u32 pb[QP][2][2];  // [part][head tile][k half]
-#if EXACT
+    const float ninf = -__int_as_float(0x7F800000);
+    u32 pb[QP][NH][2];  // P^T as B fragments: [part][head tile][k half]
+    float al_a, al_b;   // the rescale factors of heads a, b
+    bool moved;         // some head's maximum moved (all lanes agree)
+#if ESWAP
     {
-      u32 a[3], b[3];
-      split3(p[0], p[1], a);
-      split3(p[4], p[5], b);
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int c = 0; c < 3; ++c) pb[c][0][0] = a[c], pb[c][0][1] = b[c], pb[c][1][0] = pb[c][1][1] = 0;
+      for (int w = 0; w < 4; ++w) {
+        const float4 r = red[buf][w][0][lane];
+        x[0] += r.x; x[1] += r.y; x[2] += r.z; x[3] += r.w;
+      }
+      const bool v0 = (valid_cur >> g) & 1u, v8 = (valid_cur >> (g + 8)) & 1u;
+      x[0] = v0 ? x[0] * sc : ninf;
+      x[1] = v0 ? x[1] * sc : ninf;
+      x[2] = v8 ? x[2] * sc : ninf;
+      x[3] = v8 ? x[3] * sc : ninf;
+      float mx_a = fmaxf(x[0], x[2]), mx_b = fmaxf(x[1], x[3]);
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {  // over the lanes of the same tq (entries g)
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, o));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, o));
+      }
+      const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+      moved = __any_sync(0xFFFFFFFFu, mn_a != m_a || mn_b != m_b);
+      al_a = exp2f(m_a - mn_a);
+      al_b = exp2f(m_b - mn_b);
+      m_a = mn_a;
+      m_b = mn_b;
+      const float p0 = exp2f(x[0] - mn_a), p1 = exp2f(x[1] - mn_b);
+      const float p2 = exp2f(x[2] - mn_a), p3 = exp2f(x[3] - mn_b);
+      l_a = l_a * al_a + (p0 + p2);
+      l_b = l_b * al_b + (p1 + p3);
+      // (p0, p1) is row g of P^T's 8 x 8 block of entries 0-7 (heads 2 tq, 2 tq + 1): its
+      // transpose's fragment is the B fragment (entries 2 tq, 2 tq + 1 of head g)
+#if EXACT
+      u32 a[3], b[3];
+      split3(p0, p1, a);
+      split3(p2, p3, b);
+#pragma unroll
+      for (int c = 0; c < 3; ++c) pb[c][0][0] = movtrans(a[c]), pb[c][0][1] = movtrans(b[c]);
+#else
+      pb[0][0][0] = movtrans(pack_bf16(p0, p1));
+      pb[0][0][1] = movtrans(pack_bf16(p2, p3));
+#endif
     }
 #else
-    pb[0][0][0] = pack_bf16(p[0], p[1]);
-    pb[0][0][1] = pack_bf16(p[4], p[5]);
-    pb[0][1][0] = pack_bf16(p[2], p[3]);
-    pb[0][1][1] = pack_bf16(p[6], p[7]);
-#endif
-    if (moved) {  // this lane's accumulator columns are heads 2 tq, 2 tq + 1 (+ 8)
+    {
+      float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int j = 0; j < NH; ++j) {
-        const float al = j ? al_g8 : al_g;
-        const float a0 = __shfl_sync(0xFFFFFFFFu, al, 8 * tq), a1 = __shfl_sync(0xFFFFFFFFu, al, 8 * tq + 4);
+      for (int w = 0; w < 4; ++w) {
+        const float4 a = red[buf][w][0][lane], b = red[buf][w][1][lane];
+        x[0] += a.x; x[1] += a.y; x[2] += a.z; x[3] += a.w;
+        x[4] += b.x; x[5] += b.y; x[6] += b.z; x[7] += b.w;
+      }
+      // x[0, 1] row g entries 2tq, 2tq+1; x[2, 3] row g+8 same; x[4..7] the same for 8 + ...
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        int e = 2 * tq + (i & 1) + 8 * (i >> 2);
+        x[i] = ((valid_cur >> e) & 1u) ? x[i] * sc : ninf;
+      }
+      float mx_a = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[4], x[5]));
+      float mx_b = fmaxf(fmaxf(x[2], x[3]), fmaxf(x[6], x[7]));
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, 1));
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, 2));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, 1));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, 2));
+      const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+      moved = __any_sync(0xFFFFFFFFu, mn_a != m_a || mn_b != m_b);
+      const float ra = exp2f(m_a - mn_a), rb = exp2f(m_b - mn_b);
+      m_a = mn_a;
+      m_b = mn_b;
+      float p[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) p[i] = exp2f(x[i] - ((i & 2) ? mn_b : mn_a));
+      l_a = l_a * ra + (p[0] + p[1] + p[4] + p[5]);
+      l_b = l_b * rb + (p[2] + p[3] + p[6] + p[7]);
+      // P^T as B fragments (k = entries 2 tq, 2 tq + 1 and 8 + those, n = head g): the
+      // logits' own C layout, heads 0..7 from rows g, heads 8..15 from rows g + 8
+      pb[0][0][0] = pack_bf16(p[0], p[1]);
+      pb[0][0][1] = pack_bf16(p[4], p[5]);
+      pb[0][1][0] = pack_bf16(p[2], p[3]);
+      pb[0][1][1] = pack_bf16(p[6], p[7]);
+      if (moved) {  // this lane's accumulator columns are heads 2 tq, 2 tq + 1 (+ 8)
+        al_a = __shfl_sync(0xFFFFFFFFu, ra, 8 * tq);
+        al_b = __shfl_sync(0xFFFFFFFFu, ra, 8 * tq + 4);
+        const float c0 = __shfl_sync(0xFFFFFFFFu, rb, 8 * tq), c1 = __shfl_sync(0xFFFFFFFFu, rb, 8 * tq + 4);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          acc[i][j][0] *= a0;
-          acc[i][j][1] *= a1;
-          acc[i][j][2] *= a0;
-          acc[i][j][3] *= a1;
+          acc[i][1][0] *= c0;
+          acc[i][1][1] *= c1;
+          acc[i][1][2] *= c0;
+          acc[i][1][3] *= c1;
         }
+      }
+    }
+#endif
+    if (moved) {  // head tile 0: columns 2 tq, 2 tq + 1
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        acc[i][0][0] *= al_a;
+        acc[i][0][1] *= al_b;
+        acc[i][0][2] *= al_a;
+        acc[i][0][3] *= al_b;
       }
     }
     {  // A = K^T tiles (d on M, entries on K) by ldmatrix.trans of the same 8 x 8 blocks
@@ -466,35 +562,52 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     valid_cur = valid_next;
   }
 
-  l_g += __shfl_xor_sync(0xFFFFFFFFu, l_g, 1);
-  l_g += __shfl_xor_sync(0xFFFFFFFFu, l_g, 2);
-  l_g8 += __shfl_xor_sync(0xFFFFFFFFu, l_g8, 1);
-  l_g8 += __shfl_xor_sync(0xFFFFFFFFu, l_g8, 2);
-  float f_g, f_g8;  // output row scale
+  // per head: the output factor (with the sink, or 1 / l for a partial) and the partial's lse
+  const float ninf = -__int_as_float(0x7F800000);
+#if ESWAP
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, o);
+    l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, o);
+  }
+  const int ha = 2 * tq, hb = ha + 1;
+  const bool lse_lane = warp == 0 && g == 0;
+#else
+  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 1);
+  l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, 2);
+  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 1);
+  l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, 2);
+  const int ha = g, hb = g + 8;
+  const bool lse_lane = warp == 0 && tq == 0;
+#endif
+  float f_a, f_b;
   if (out_kind == 0) {
-    f_g = l_g > 0.f ? 1.f / l_g : 0.f;
-    f_g8 = l_g8 > 0.f ? 1.f / l_g8 : 0.f;
-    if (warp == 0 && tq == 0) {
+    f_a = l_a > 0.f ? 1.f / l_a : 0.f;
+    f_b = l_b > 0.f ? 1.f / l_b : 0.f;
+    if (lse_lane) {
       float* pl = lse + ((long long)t * num_splits + split) * H;
-      if (g < H) pl[g] = l_g > 0.f ? m_g + log2f(l_g) : -__int_as_float(0x7F800000);
-      if (g + 8 < H) pl[g + 8] = l_g8 > 0.f ? m_g8 + log2f(l_g8) : -__int_as_float(0x7F800000);
+      if (ha < H) pl[ha] = l_a > 0.f ? m_a + log2f(l_a) : ninf;
+      if (hb < H) pl[hb] = l_b > 0.f ? m_b + log2f(l_b) : ninf;
     }
   } else {
-    const float ninf = -__int_as_float(0x7F800000);
-    float s2 = (has_sink && g < H) ? sink[g] * 1.4426950408889634f : ninf;
-    float s28 = (has_sink && g + 8 < H) ? sink[g + 8] * 1.4426950408889634f : ninf;
-    float mf = fmaxf(m_g, s2), mf8 = fmaxf(m_g8, s28);
-    float w = exp2f(m_g - mf), w8 = exp2f(m_g8 - mf8);
-    float den = l_g * w + exp2f(s2 - mf), den8 = l_g8 * w8 + exp2f(s28 - mf8);
-    f_g = den > 0.f ? w / den : 0.f;
-    f_g8 = den8 > 0.f ? w8 / den8 : 0.f;
+    float s_a = (has_sink && ha < H) ? sink[ha] * 1.4426950408889634f : ninf;
+    float s_b = (has_sink && hb < H) ? sink[hb] * 1.4426950408889634f : ninf;
+    float mf_a = fmaxf(m_a, s_a), mf_b = fmaxf(m_b, s_b);
+    float w_a = exp2f(m_a - mf_a), w_b = exp2f(m_b - mf_b);
+    float den_a = l_a * w_a + exp2f(s_a - mf_a), den_b = l_b * w_b + exp2f(s_b - mf_b);
+    f_a = den_a > 0.f ? w_a / den_a : 0.f;
+    f_b = den_b > 0.f ? w_b / den_b : 0.f;
   }
-  f_g *= 256.0f;  // the tiles were the values x 2^-8
-  f_g8 *= 256.0f;
+  f_a *= 256.0f;  // the tiles were the values x 2^-8
+  f_b *= 256.0f;
 #pragma unroll
   for (int j = 0; j < NH; ++j) {
-    const float fsrc = j ? f_g8 : f_g;  // lane 4 h' holds head h' (+ 8 j)'s factor
+#if ESWAP
+    const float f0 = f_a, f1 = f_b;
+#else
+    const float fsrc = j ? f_b : f_a;  // lane 4 h' holds head h' (+ 8 j)'s factor
     const float f0 = __shfl_sync(0xFFFFFFFFu, fsrc, 8 * tq), f1 = __shfl_sync(0xFFFFFFFFu, fsrc, 8 * tq + 4);
+#endif
     const int h0 = 8 * j + 2 * tq, h1 = h0 + 1;
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {

@@ -189,11 +189,12 @@ def _exact_variants(H: int) -> dict:
     """The exact path's variants (fp32 q) at H heads: 16-head programs (with q's three parts,
     32 or 64 heads per program need more than the SM's 227 KB of shared memory), no FlashMLA
     (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
-    the three-part split), and up to 8 heads the CUDA kernel's exact mode (`cuda_x2`)."""
+    the three-part split), and up to 8 heads the CUDA kernel's exact mode (`cuda_x2`,
+    `cuda_x3`)."""
     v = {k: p for k, p in _variants(16).items() if not (p.flashmla or p.skew or p.cuda)}
     v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
     if H <= 8:
-        v["cuda_x2"] = _variants(8)["cuda_x2"]
+        v["cuda_x2"], v["cuda_x3"] = _variants(8)["cuda_x2"], _variants(8)["cuda_x3"]
     return v
 
 
@@ -219,7 +220,7 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
         if T >= WORKSPACE_MIN_TOKENS:
             return v[EXACT_PREFILL]
         if cuda and H <= 8 and _cuda_ok(device):  # the CUDA exact mode (served layer at TP8)
-            return v["cuda_x2"]
+            return v["cuda_x2"] if 32 <= T < 128 else v["cuda_x3"]
         return v[EXACT_FEW if T * triton.cdiv(H, 16) < 8 else EXACT_DECODE]
     v = _variants(H)
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:

@@ -352,11 +352,13 @@ def test_cuda_kernel_segment_lengths(W, TOPK):
 
 
 def test_cuda_kernel_graph_capture_and_default_plan():
-    """From 32 tokens the default plan takes the CUDA kernel at up to 16 heads; it replays from
-    a CUDA graph; arguments it cannot take (a cache off a 16-byte boundary) go to Triton."""
+    """The default plan takes the CUDA kernel at up to 8 heads from one token, at 9-16 heads
+    from 32; it replays from a CUDA graph; arguments it cannot take (a cache off a 16-byte
+    boundary) go to Triton."""
     _cuda_or_skip()
     assert tri.plan_for(64, 8, 512, DEV, False).cuda and tri.plan_for(300, 16, 512, DEV, False).cuda
-    assert not tri.plan_for(8, 8, 512, DEV, False).cuda
+    assert tri.plan_for(1, 8, 512, DEV, False).cuda
+    assert not tri.plan_for(8, 16, 512, DEV, False).cuda
     assert tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q at 8 heads: the exact mode
     assert not tri.plan_for(64, 16, 512, DEV, True).cuda  # at 16: the Triton exact path
     q, swa, sw, kv, tk, sink = make_case(64, 8, 512, 128, 512, Layout.V41_FP4)
