@@ -27,7 +27,10 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
 
-#define BN 16
+#ifndef BN
+#define BN 16  // entries per tile: 16 or 32
+#endif
+#define ET (BN / 16)  // 16-entry sub-tiles of a tile
 #define DQ 128
 #define ROW 136  // shared tile row: 128 bf16 + 16 B of padding (ldmatrix rows on distinct banks)
 
@@ -220,7 +223,7 @@ __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, in
 }
 
 #ifndef MIN_BLOCKS
-#define MIN_BLOCKS 3  // blocks per SM the registers are sized for
+#define MIN_BLOCKS (BN == 16 ? 3 : 2)  // blocks per SM the registers are sized for
 #endif
 #ifndef NH
 #define NH 2  // tiles of 8 heads in the output product: 1 for H <= 8, 2 for H <= 16
@@ -239,6 +242,10 @@ __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, in
 // on M and the 8 heads on N (one MMA a k-step, no padded rows); P^T for the output product is
 // then the logits' C fragments transposed in registers (movmatrix). 9-16 heads: heads on M.
 #define ESWAP (NH == 1)
+#define RED_N (ESWAP ? ET : 2 * ET)  // float4 logit fragments per lane a tile
+#ifndef KBUF
+#define KBUF (BN == 16 ? 2 : 1)  // dequantized tile buffers per warp (2: the next one early)
+#endif
 // stored position -> d inside a group of 8 (the dequantization's order 0 2 4 6 1 3 5 7)
 #define PERM8(p) ((((p) & 3) << 1) | ((p) >> 2))
 
@@ -251,9 +258,11 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     int out_kind, int H, int W, int TOPK, int num_splits, float qk_scale) {
   // out_kind: 0 = fp32 partials part [T, NS, H, D] + lse [T, NS, H]; 1 = bf16 out; 2 = fp32 out
   extern __shared__ __align__(16) unsigned char smem[];  // SMEM_BYTES(STAGES), cuda_decode.py
+  // [KBUF][warp] dequantized tiles, [2][warp] logit fragments, [STAGES][warp][ET] staging
   u16(*ktile)[4][BN * ROW] = (u16(*)[4][BN * ROW])smem;
-  float4(*red)[4][2][32] = (float4(*)[4][2][32])(smem + 2 * 4 * BN * ROW * 2);  // [buf][warp]
-  Raw(*raw)[4] = (Raw(*)[4])(smem + 2 * 4 * BN * ROW * 2 + 2 * 4 * 2 * 32 * 16);  // [stage][warp]
+  unsigned char* p_red = smem + KBUF * 4 * BN * ROW * 2;
+  float4(*red)[4][2 * ET][32] = (float4(*)[4][2 * ET][32])p_red;
+  Raw(*raw)[4][ET] = (Raw(*)[4][ET])(p_red + 2 * 4 * 2 * ET * 32 * 16);
   const int t = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
@@ -318,14 +327,22 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
   const int* sw_row = swa_idx + (long long)t * stride_swt;
   const int* kv_row = kv_idx + (long long)t * stride_kvt;
 
-  auto slot_of = [&](int u) -> int {  // this lane's entry of tile u, -1 beyond the segment
-    if (u >= u1) return -1;
-    if (u < n_sw) {
-      int i = BN * u + e_ld;
-      return i < W ? __ldg(sw_row + i) : -1;
+  // this lane's entries of tile u (16 et + e_ld, et < ET), -1 beyond the segment
+  auto slots_of = [&](int u, int* s) {
+#pragma unroll
+    for (int et = 0; et < ET; ++et) {
+      int v = -1;
+      if (u < u1) {
+        if (u < n_sw) {
+          const int i = BN * u + 16 * et + e_ld;
+          v = i < W ? __ldg(sw_row + i) : -1;
+        } else {
+          const int i = BN * (u - n_sw) + 16 * et + e_ld;
+          v = i < TOPK ? __ldg(kv_row + i) : -1;
+        }
+      }
+      s[et] = v;
     }
-    int i = BN * (u - n_sw) + e_ld;
-    return i < TOPK ? __ldg(kv_row + i) : -1;
   };
 
   // O^T over the quarter: 8 tiles of 16 d (M) x NH tiles of 8 heads (N); c0, c1 = (d = g,
@@ -342,122 +359,127 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
 
   // Software pipeline: the records of tile u + STAGES - 1 are requested (cp.async) while tile
   // u is computed; tile u + 1 is dequantized while the logits of tile u are summed across the
-  // warps (before the block barrier).
+  // warps (before the block barrier) with two tile buffers (KBUF 2), else after P V.
   auto seg_base = [&](int u) { return u < n_sw ? swa : kv; };
   auto seg_fmt = [&](int u) { return u < n_sw ? 0 : kv_fp4; };
-  int slots[STAGES];  // slots[k]: this lane's entry of tile u + k (u the tile being computed)
+  int slots[STAGES][ET];  // slots[k]: this lane's entries of tile u + k (u being computed)
 #pragma unroll
-  for (int k = 0; k < STAGES; ++k) slots[k] = slot_of(u0 + k);
+  for (int k = 0; k < STAGES; ++k) slots_of(u0 + k, slots[k]);
+  auto issue = [&](int un, const int* s) {  // request tile un's records into its stage
+    const int st = (un - u0) % STAGES;
+    if (un < u1)
 #pragma unroll
-  for (int k = 0; k < STAGES - 1; ++k) {
-    if (u0 + k < u1)
-      issue_raw(raw[k][warp], lane, seg_base(u0 + k), slots[k], seg_fmt(u0 + k), warp, hh);
+      for (int et = 0; et < ET; ++et)
+        issue_raw(raw[st][warp][et], lane, seg_base(un), s[et], seg_fmt(un), warp, hh);
     cp_commit();
-  }
-  int s_ahead = slot_of(u0 + STAGES);
+  };
+  // dequantize tile un (its records landed) into `tile`; returns its live entries (bit e)
+  auto prepare = [&](int un, u16* tile, const int* s) -> u32 {
+    const int st = (un - u0) % STAGES;
+    cp_wait();
+    u32 valid = 0;
+#pragma unroll
+    for (int et = 0; et < ET; ++et) {
+      store_tile(tile + 16 * et * ROW, raw[st][warp][et], lane, seg_fmt(un), e_ld, hh);
+      valid |= (__ballot_sync(0xFFFFFFFFu, s[et] >= 0) & 0xFFFFu) << (16 * et);
+    }
+    return valid;
+  };
+#pragma unroll
+  for (int k = 0; k < STAGES - 1; ++k) issue(u0 + k, slots[k]);
+  int s_ahead[ET];
+  slots_of(u0 + STAGES, s_ahead);
   u32 valid_cur = 0;
   if (u0 < u1) {
-    cp_wait();
-    store_tile(ktile[0][warp], raw[0][warp], lane, seg_fmt(u0), e_ld, hh);
-    valid_cur = __ballot_sync(0xFFFFFFFFu, slots[0] >= 0);  // bit e: entry e is live
+    valid_cur = prepare(u0, ktile[0][warp], slots[0]);
     __syncwarp();
   }
   for (int u = u0; u < u1; ++u) {
     const int buf = (u - u0) & 1;
-    const u16* tile = ktile[buf][warp];
-    {  // request tile u + STAGES - 1 into the stage tile u - 1 used
-      const int un = u + STAGES - 1, st = (un - u0) % STAGES;
-      if (un < u1)
-        issue_raw(raw[st][warp], lane, seg_base(un), slots[STAGES - 1], seg_fmt(un), warp, hh);
-      cp_commit();
-    }
+    u16* tile = ktile[(u - u0) % KBUF][warp];
+    issue(u + STAGES - 1, slots[STAGES - 1]);  // into the stage tile u - 1 used
 
     // partial logits over the quarter, QK_CHAINS independent accumulators (k-steps
-    // interleaved) summed at the end. ESWAP: S^T[16 entries, 8 heads] in s0 (c0, c1 = entry
-    // g, heads 2 tq, 2 tq + 1; c2, c3 = entry g + 8); else S[16 heads, 16 entries] in s0
-    // (entries 0-7) and s1 (entries 8-15)
-    float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
+    // interleaved) summed at the end. ESWAP: S^T[16 entries, 8 heads] per 16 entries et in
+    // s[et] (c0, c1 = entry g, heads 2 tq, 2 tq + 1; c2, c3 = entry g + 8); else S[16 heads,
+    // 8 entries] in s[2 et] (entries 0-7 of the 16) and s[2 et + 1] (8-15)
+    float s[RED_N][4];
+    {
+      float ch[QK_CHAINS][RED_N][4];
+#pragma unroll
+      for (int i = 0; i < QK_CHAINS; ++i)
+#pragma unroll
+        for (int r = 0; r < RED_N; ++r) ch[i][r][0] = ch[i][r][1] = ch[i][r][2] = ch[i][r][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+        for (int et = 0; et < ET; ++et) {
+          u32 b[4];
+          ldsm_x4(b, tile + 16 * et * ROW + ld_off + 16 * kk);
 #if ESWAP
-    {
-      float c0[QK_CHAINS][4];
+          const u32 a[4] = {b[0], b[2], b[1], b[3]};  // the tile as A: entries 0-7 / 8-15 on M
 #pragma unroll
-      for (int i = 0; i < QK_CHAINS; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) c0[i][j] = 0.f;
-      const u16* base = tile + ld_off;
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        u32 b[4];
-        ldsm_x4(b, base + 16 * kk);
-        const u32 a[4] = {b[0], b[2], b[1], b[3]};  // the tile as A: entries 0-7 / 8-15 on M
-#pragma unroll
-        for (int c = QP - 1; c >= 0; --c)  // the small parts first
-          mma16816(c0[kk % QK_CHAINS], a, qa[c][kk][0], qa[c][kk][1]);
-      }
-#pragma unroll
-      for (int i = 0; i < QK_CHAINS; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) s0[j] += c0[i][j];
-    }
-    red[buf][warp][0][lane] = make_float4(s0[0], s0[1], s0[2], s0[3]);
+          for (int c = QP - 1; c >= 0; --c)  // the small parts first
+            mma16816(ch[kk % QK_CHAINS][et], a, qa[c][kk][0], qa[c][kk][1]);
 #else
-    {
-      float c0[QK_CHAINS][4], c1[QK_CHAINS][4];
 #pragma unroll
-      for (int i = 0; i < QK_CHAINS; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) c0[i][j] = c1[i][j] = 0.f;
-      const u16* base = tile + ld_off;
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        u32 b[4];
-        ldsm_x4(b, base + 16 * kk);
-#pragma unroll
-        for (int c = QP - 1; c >= 0; --c) {  // the small parts first
-          mma16816(c0[kk % QK_CHAINS], qa[c][kk], b[0], b[1]);
-          mma16816(c1[kk % QK_CHAINS], qa[c][kk], b[2], b[3]);
+          for (int c = QP - 1; c >= 0; --c) {
+            mma16816(ch[kk % QK_CHAINS][2 * et], qa[c][kk], b[0], b[1]);
+            mma16816(ch[kk % QK_CHAINS][2 * et + 1], qa[c][kk], b[2], b[3]);
+          }
+#endif
         }
       }
 #pragma unroll
-      for (int i = 0; i < QK_CHAINS; ++i)
+      for (int r = 0; r < RED_N; ++r) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) s0[j] += c0[i][j], s1[j] += c1[i][j];
+        for (int j = 0; j < 4; ++j) {
+          s[r][j] = ch[0][r][j];
+#pragma unroll
+          for (int i = 1; i < QK_CHAINS; ++i) s[r][j] += ch[i][r][j];
+        }
+        red[buf][warp][r][lane] = make_float4(s[r][0], s[r][1], s[r][2], s[r][3]);
+      }
     }
-    red[buf][warp][0][lane] = make_float4(s0[0], s0[1], s0[2], s0[3]);
-    red[buf][warp][1][lane] = make_float4(s1[0], s1[1], s1[2], s1[3]);
-#endif
 
-    // the next tile, while the other warps catch up
     u32 valid_next = 0;
-    if (u + 1 < u1) {
-      const int st = (u + 1 - u0) % STAGES;
-      cp_wait();
-      store_tile(ktile[buf ^ 1][warp], raw[st][warp], lane, seg_fmt(u + 1), e_ld, hh);
-      valid_next = __ballot_sync(0xFFFFFFFFu, slots[1] >= 0);
-    }
+#if KBUF == 2
+    // the next tile, while the other warps catch up
+    if (u + 1 < u1) valid_next = prepare(u + 1, ktile[(u + 1 - u0) % KBUF][warp], slots[1]);
+#endif
 #pragma unroll
-    for (int k = 0; k < STAGES - 1; ++k) slots[k] = slots[k + 1];
-    slots[STAGES - 1] = s_ahead;
-    s_ahead = slot_of(u + STAGES + 1);
+    for (int k = 0; k < STAGES - 1; ++k)
+#pragma unroll
+      for (int et = 0; et < ET; ++et) slots[k][et] = slots[k + 1][et];
+#pragma unroll
+    for (int et = 0; et < ET; ++et) slots[STAGES - 1][et] = s_ahead[et];
+    slots_of(u + STAGES + 1, s_ahead);
     __syncthreads();
     const float ninf = -__int_as_float(0x7F800000);
-    u32 pb[QP][NH][2];  // P^T as B fragments: [part][head tile][k half]
-    float al_a, al_b;   // the rescale factors of heads a, b
-    bool moved;         // some head's maximum moved (all lanes agree)
-#if ESWAP
+    u32 pb[QP][NH][2 * ET];  // P^T as B fragments: [part][head tile][k half of 16 entries]
+    float al_a, al_b;        // the rescale factors of heads a, b
+    bool moved;              // some head's maximum moved (all lanes agree)
     {
-      float x[4] = {0.f, 0.f, 0.f, 0.f};
+      float x[RED_N * 4];
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const float4 r = red[buf][w][0][lane];
-        x[0] += r.x; x[1] += r.y; x[2] += r.z; x[3] += r.w;
+      for (int i = 0; i < RED_N * 4; ++i) x[i] = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+#pragma unroll
+        for (int r = 0; r < RED_N; ++r) {
+          const float4 v = red[buf][w][r][lane];
+          x[4 * r] += v.x; x[4 * r + 1] += v.y; x[4 * r + 2] += v.z; x[4 * r + 3] += v.w;
+        }
+#if ESWAP
+      // x[4 et + 0, 1]: entry 16 et + g, heads a, b; x[4 et + 2, 3]: entry 16 et + g + 8
+#pragma unroll
+      for (int i = 0; i < RED_N * 4; ++i) {
+        const int e = 16 * (i >> 2) + g + 8 * ((i >> 1) & 1);
+        x[i] = ((valid_cur >> e) & 1u) ? x[i] * sc : ninf;
       }
-      const bool v0 = (valid_cur >> g) & 1u, v8 = (valid_cur >> (g + 8)) & 1u;
-      x[0] = v0 ? x[0] * sc : ninf;
-      x[1] = v0 ? x[1] * sc : ninf;
-      x[2] = v8 ? x[2] * sc : ninf;
-      x[3] = v8 ? x[3] * sc : ninf;
-      float mx_a = fmaxf(x[0], x[2]), mx_b = fmaxf(x[1], x[3]);
+      float mx_a = x[0], mx_b = x[1];
+#pragma unroll
+      for (int i = 2; i < RED_N * 4; i += 2) mx_a = fmaxf(mx_a, x[i]), mx_b = fmaxf(mx_b, x[i + 1]);
 #pragma unroll
       for (int o = 4; o < 32; o <<= 1) {  // over the lanes of the same tq (entries g)
         mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, o));
@@ -469,40 +491,42 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
       al_b = exp2f(m_b - mn_b);
       m_a = mn_a;
       m_b = mn_b;
-      const float p0 = exp2f(x[0] - mn_a), p1 = exp2f(x[1] - mn_b);
-      const float p2 = exp2f(x[2] - mn_a), p3 = exp2f(x[3] - mn_b);
-      l_a = l_a * al_a + (p0 + p2);
-      l_b = l_b * al_b + (p1 + p3);
-      // (p0, p1) is row g of P^T's 8 x 8 block of entries 0-7 (heads 2 tq, 2 tq + 1): its
-      // transpose's fragment is the B fragment (entries 2 tq, 2 tq + 1 of head g)
+      float p[RED_N * 4];
+#pragma unroll
+      for (int i = 0; i < RED_N * 4; i += 2) p[i] = exp2f(x[i] - mn_a), p[i + 1] = exp2f(x[i + 1] - mn_b);
+      float sa = 0.f, sb = 0.f;
+#pragma unroll
+      for (int i = 0; i < RED_N * 4; i += 2) sa += p[i], sb += p[i + 1];
+      l_a = l_a * al_a + sa;
+      l_b = l_b * al_b + sb;
+      // (p[4 et], p[4 et + 1]) is row g of P^T's 8 x 8 block of entries 16 et + 0-7 (heads
+      // 2 tq, 2 tq + 1): its transpose's fragment is the B fragment (entries 2 tq, 2 tq + 1
+      // of head g)
+#pragma unroll
+      for (int k = 0; k < 2 * ET; ++k) {
 #if EXACT
-      u32 a[3], b[3];
-      split3(p0, p1, a);
-      split3(p2, p3, b);
+        u32 a[3];
+        split3(p[2 * k], p[2 * k + 1], a);
 #pragma unroll
-      for (int c = 0; c < 3; ++c) pb[c][0][0] = movtrans(a[c]), pb[c][0][1] = movtrans(b[c]);
+        for (int c = 0; c < 3; ++c) pb[c][0][k] = movtrans(a[c]);
 #else
-      pb[0][0][0] = movtrans(pack_bf16(p0, p1));
-      pb[0][0][1] = movtrans(pack_bf16(p2, p3));
+        pb[0][0][k] = movtrans(pack_bf16(p[2 * k], p[2 * k + 1]));
 #endif
-    }
-#else
-    {
-      float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const float4 a = red[buf][w][0][lane], b = red[buf][w][1][lane];
-        x[0] += a.x; x[1] += a.y; x[2] += a.z; x[3] += a.w;
-        x[4] += b.x; x[5] += b.y; x[6] += b.z; x[7] += b.w;
       }
-      // x[0, 1] row g entries 2tq, 2tq+1; x[2, 3] row g+8 same; x[4..7] the same for 8 + ...
+#else
+      // x[8 et + 0, 1]: row g, entries 16 et + 2 tq, + 1; x[8 et + 2, 3]: row g + 8, same;
+      // x[8 et + 4..7]: the same for entries 16 et + 8 + ...
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        int e = 2 * tq + (i & 1) + 8 * (i >> 2);
+      for (int i = 0; i < RED_N * 4; ++i) {
+        const int e = 16 * (i >> 3) + 2 * tq + (i & 1) + 8 * ((i >> 2) & 1);
         x[i] = ((valid_cur >> e) & 1u) ? x[i] * sc : ninf;
       }
-      float mx_a = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[4], x[5]));
-      float mx_b = fmaxf(fmaxf(x[2], x[3]), fmaxf(x[6], x[7]));
+      float mx_a = ninf, mx_b = ninf;
+#pragma unroll
+      for (int i = 0; i < RED_N * 4; ++i) {
+        if (i & 2) mx_b = fmaxf(mx_b, x[i]);
+        else mx_a = fmaxf(mx_a, x[i]);
+      }
       mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, 1));
       mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, 2));
       mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, 1));
@@ -512,17 +536,24 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
       const float ra = exp2f(m_a - mn_a), rb = exp2f(m_b - mn_b);
       m_a = mn_a;
       m_b = mn_b;
-      float p[8];
+      float p[RED_N * 4], sa = 0.f, sb = 0.f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) p[i] = exp2f(x[i] - ((i & 2) ? mn_b : mn_a));
-      l_a = l_a * ra + (p[0] + p[1] + p[4] + p[5]);
-      l_b = l_b * rb + (p[2] + p[3] + p[6] + p[7]);
+      for (int i = 0; i < RED_N * 4; ++i) {
+        p[i] = exp2f(x[i] - ((i & 2) ? mn_b : mn_a));
+        if (i & 2) sb += p[i];
+        else sa += p[i];
+      }
+      l_a = l_a * ra + sa;
+      l_b = l_b * rb + sb;
       // P^T as B fragments (k = entries 2 tq, 2 tq + 1 and 8 + those, n = head g): the
       // logits' own C layout, heads 0..7 from rows g, heads 8..15 from rows g + 8
-      pb[0][0][0] = pack_bf16(p[0], p[1]);
-      pb[0][0][1] = pack_bf16(p[4], p[5]);
-      pb[0][1][0] = pack_bf16(p[2], p[3]);
-      pb[0][1][1] = pack_bf16(p[6], p[7]);
+#pragma unroll
+      for (int et = 0; et < ET; ++et) {
+        pb[0][0][2 * et] = pack_bf16(p[8 * et], p[8 * et + 1]);
+        pb[0][0][2 * et + 1] = pack_bf16(p[8 * et + 4], p[8 * et + 5]);
+        pb[0][1][2 * et] = pack_bf16(p[8 * et + 2], p[8 * et + 3]);
+        pb[0][1][2 * et + 1] = pack_bf16(p[8 * et + 6], p[8 * et + 7]);
+      }
       if (moved) {  // this lane's accumulator columns are heads 2 tq, 2 tq + 1 (+ 8)
         al_a = __shfl_sync(0xFFFFFFFFu, ra, 8 * tq);
         al_b = __shfl_sync(0xFFFFFFFFu, ra, 8 * tq + 4);
@@ -535,8 +566,8 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
           acc[i][1][3] *= c1;
         }
       }
-    }
 #endif
+    }
     if (moved) {  // head tile 0: columns 2 tq, 2 tq + 1
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -546,19 +577,29 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
         acc[i][0][3] *= al_b;
       }
     }
-    {  // A = K^T tiles (d on M, entries on K) by ldmatrix.trans of the same 8 x 8 blocks
-      const u16* base = tile + ld_off;
+    // A = K^T tiles (d on M, entries on K) by ldmatrix.trans of the same 8 x 8 blocks
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) {
+    for (int mt = 0; mt < 8; ++mt) {
+#pragma unroll
+      for (int et = 0; et < ET; ++et) {
         u32 a[4];
-        ldsm_x4_t(a, base + 16 * mt);
+        ldsm_x4_t(a, tile + 16 * et * ROW + ld_off + 16 * mt);
 #pragma unroll
         for (int j = 0; j < NH; ++j)
 #pragma unroll
-          for (int c = QP - 1; c >= 0; --c) mma16816(acc[mt][j], a, pb[c][j][0], pb[c][j][1]);
+          for (int c = QP - 1; c >= 0; --c)
+            mma16816(acc[mt][j], a, pb[c][j][2 * et], pb[c][j][2 * et + 1]);
       }
     }
     __syncwarp();
+#if KBUF == 1
+    // the next tile into the same buffer, now that this warp is done with it (slots[0] is
+    // already the next tile's)
+    if (u + 1 < u1) {
+      valid_next = prepare(u + 1, tile, slots[0]);
+      __syncwarp();
+    }
+#endif
     valid_cur = valid_next;
   }
 

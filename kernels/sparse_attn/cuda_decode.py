@@ -28,7 +28,7 @@ import triton
 
 from sglang_dsv41.kernels.sparse_attn.cuda_jit import CudaJitError, Kernel
 
-BN = 16  # entries per tile (the kernel's BN)
+BN = 16  # entries per tile (the kernel's BN unless a build sets -DBN=32)
 D = 512
 MAX_HEADS = 16
 MAX_EXACT_HEADS = 8  # fp32 q (three bf16 parts of q and P): one tile of 8 heads
@@ -43,18 +43,45 @@ def kernel(defines: tuple = ()) -> Kernel:
         return Kernel(f.read(), NAME, "sm_90a", defines)
 
 
-def smem_bytes(defines: tuple = ()) -> int:
-    """The kernel's dynamic shared memory: two dequantized tiles per warp (34816 B), the
-    cross-warp logits (8192 B), and per stage of the record ring 9216 B (STAGES, default 3)."""
-    stages = 3
+def _option(defines: tuple, name: str, default: int) -> int:
+    """The value of -D<name>=<int> in defines, else default."""
     for d in defines:
-        if d.startswith("-DSTAGES="):
-            stages = int(d.split("=", 1)[1])
-    return 34816 + 8192 + 9216 * stages
+        if d.startswith(f"-D{name}="):
+            return int(d.split("=", 1)[1])
+    return default
 
 
-# The builds the launcher makes (sparse_attention): bf16 q at up to 8 / 16 heads, fp32 q.
-BUILDS = (("-DNH=1",), ("-DNH=2",), ("-DEXACT=1", "-DNH=1"))
+def smem_bytes(defines: tuple = ()) -> int:
+    """The kernel's dynamic shared memory for a build: per warp KBUF dequantized tiles of BN
+    rows of 272 B, two buffers of logit fragments (2 KB per 16 entries), and per stage of the
+    record ring 2304 B per 16 entries (defaults BN 16, KBUF 2 at BN 16 else 1, STAGES 3)."""
+    bn = _option(defines, "BN", BN)
+    kbuf = _option(defines, "KBUF", 2 if bn == 16 else 1)
+    stages = _option(defines, "STAGES", 3)
+    et = bn // 16
+    return 4 * kbuf * bn * 272 + 8192 * et + 9216 * et * stages
+
+
+STAGES = {16: 3, 32: 2}  # tiles of records in flight per tile size (the fastest on the H200)
+
+
+def defines_for(H: int, exact: bool, block_n: int = BN) -> tuple:
+    """The NVRTC options of the build for H heads (NH tiles of 8 in P V), fp32 q (`exact`)
+    and tiles of block_n (16 or 32) entries."""
+    if block_n not in STAGES:
+        raise ValueError(f"the CUDA kernel takes tiles of {sorted(STAGES)} entries, not {block_n}")
+    d = ("-DEXACT=1",) if exact else ()
+    d += (f"-DNH={1 if H <= 8 else 2}",)
+    if block_n != BN:
+        d += (f"-DBN={block_n}", f"-DSTAGES={STAGES[block_n]}")
+    return d
+
+
+# The builds the launcher makes (sparse_attention): bf16 q at up to 8 / 16 heads, fp32 q at up
+# to 8, tiles of 16 and 32.
+BUILDS = tuple(
+    defines_for(H, exact, bn) for H, exact in ((8, False), (16, False), (8, True)) for bn in STAGES
+)
 _PROBES: dict[int, str | None] = {}  # device index -> None (all builds load) or why not
 
 
@@ -124,10 +151,13 @@ def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, out=No
 
 def sparse_attention(
     q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink, scale: float, out,
-    out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, defines: tuple = (),
+    out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, block_n: int = BN,
+    defines: tuple = (),
 ):  # fmt: skip
     """Launch over T tokens (grid T x splits of 128 threads); arguments as
-    `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm` times."""
+    `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm` times;
+    block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax steps
+    per entry); defines: extra NVRTC options (benchmarks)."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
     T, H, _ = q.shape
@@ -137,7 +167,9 @@ def sparse_attention(
     if T == 0:
         return out
     W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
-    n_tiles = triton.cdiv(W, BN) + triton.cdiv(TOPK, BN)
+    defines = (*defines_for(H, q.dtype == torch.float32, block_n), *defines)
+    bn = _option(defines, "BN", BN)
+    n_tiles = triton.cdiv(W, bn) + triton.cdiv(TOPK, bn)
     ns = num_splits or tri.pick_splits(T, 1, n_tiles, q.device, per_sm)
     ns = max(1, min(ns, max(n_tiles, 1)))
     dev = q.device
@@ -162,10 +194,7 @@ def sparse_attention(
         N(kind), N(H), N(W), N(TOPK), N(ns), F(scale * tri.LOG2E),
     ]  # fmt: skip
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    defines = (f"-DNH={1 if H <= 8 else 2}", *defines)  # tiles of 8 heads in P V
-    if q.dtype == torch.float32:  # the exact path: three bf16 parts of q and P
-        defines = ("-DEXACT=1", *defines)
-    kernel(tuple(defines))(
+    kernel(defines)(
         (T, ns), (128,), args, stream=torch.cuda.current_stream(dev).cuda_stream,
         device_index=index, smem=smem_bytes(defines),
     )  # fmt: skip

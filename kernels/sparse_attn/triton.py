@@ -5,7 +5,7 @@ picks a `Plan` from the shapes alone (tokens T, heads H, head dim D, capability)
 call is CUDA-graph capturable (static grid, no host syncs):
 
 - up to 16 heads: on SM90 the CUDA kernel (`cuda_decode`: each warp a quarter of D,
-  NVRTC-built at first use; the Triton path where it cannot be built), at 9-16 heads from 32
+  NVRTC-built at first use; the Triton path where it cannot be built), at 9-16 heads from 8
   tokens; otherwise `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32,
   splits filling the GPU twice (from 32 tokens the next tile requested ahead);
 - 32 heads: the entries on M (SWAP), 8 warps, the next tile's records requested ahead;
@@ -45,7 +45,7 @@ LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
 FLASHMLA_PRIVATE_MIN_TOKENS = 128  # from here to 1024: FlashMLA over per-entry workspace rows
 WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
-CUDA_MIN_TOKENS = 32  # 9-16 heads: from here to WORKSPACE_MIN_TOKENS the CUDA kernel (<= 8: from 1)
+CUDA_MIN_TOKENS = 8  # 9-16 heads: from here to WORKSPACE_MIN_TOKENS the CUDA kernel (<= 8: from 1)
 # fp32 q at D = 512 (the exact path, `_exact_variants`): under 8 programs of 16 heads, decode
 # and extend, T >= 1024 (benchmarks/RESULTS.md, "The served layer's exact path")
 EXACT_FEW, EXACT_DECODE, EXACT_PREFILL = "swap_w8_n32_pf", "direct_n32_x2", "ws_direct_n32"
@@ -124,7 +124,8 @@ class Plan:
     private: with flashmla, one workspace row per (token, entry), no compaction (decode);
     fast: records dequantized by inline PTX where the kernel allows it (triton_kernel: 16-head
     programs, or 32 with the entries on M; bf16 q); False keeps Triton's own conversions;
-    cuda: the CUDA kernel for up to 16 heads (cuda_decode; splits from num_splits / per_sm).
+    cuda: the CUDA kernel for up to 16 heads (cuda_decode; splits from num_splits / per_sm,
+    tiles of block_n = 16 or 32 entries).
     """
 
     block_h: int
@@ -166,10 +167,11 @@ def _variants(H: int) -> dict:
     }  # fmt: skip
     small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
     small["direct_n32_pf_x2"] = dataclasses.replace(small["direct_n32_x2"], prefetch=True)
-    if H <= 16:  # the CUDA kernel (cuda_decode), grids of 2 or 3 blocks per SM
-        for k in (2, 3):
+    if H <= 16:  # the CUDA kernel (cuda_decode): tiles of 16, grids of 2 or 3 blocks per SM;
+        for k in (2, 3):  # tiles of 32, two
             small[f"cuda_x{k}"] = Plan(block_h=16, block_n=16, num_warps=4, swap=False, cuda=True,
                                        per_sm=k)  # fmt: skip
+        small["cuda32_x2"] = dataclasses.replace(small["cuda_x2"], block_n=32)
     if H <= 32:
         return small
     return {
@@ -194,7 +196,7 @@ def _exact_variants(H: int) -> dict:
     v = {k: p for k, p in _variants(16).items() if not (p.flashmla or p.skew or p.cuda)}
     v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
     if H <= 8:
-        v["cuda_x2"], v["cuda_x3"] = _variants(8)["cuda_x2"], _variants(8)["cuda_x3"]
+        v.update({k: p for k, p in _variants(8).items() if p.cuda})
     return v
 
 
@@ -220,13 +222,13 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
         if T >= WORKSPACE_MIN_TOKENS:
             return v[EXACT_PREFILL]
         if cuda and H <= 8 and _cuda_ok(device):  # the CUDA exact mode (served layer at TP8)
-            return v["cuda_x2"] if 32 <= T < 128 else v["cuda_x3"]
+            return v[_cuda_variant(T, H)]
         return v[EXACT_FEW if T * triton.cdiv(H, 16) < 8 else EXACT_DECODE]
     v = _variants(H)
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
         return v["ws_direct_n64"]
     if cuda and H <= 16 and (H <= 8 or T >= CUDA_MIN_TOKENS) and _cuda_ok(device):
-        return v["cuda_x2"] if 32 <= T < 128 else v["cuda_x3"]
+        return v[_cuda_variant(T, H)]
     if H <= 16:
         return v["direct_n32_pf_x2"] if T >= 32 else v["direct_n32_x2"]
     if H <= 32:
@@ -236,6 +238,15 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
     if H in (64, 128) and T >= FLASHMLA_PRIVATE_MIN_TOKENS and _flashmla_ok(device):
         return v["flashmla"] if T >= FLASHMLA_MIN_TOKENS else v["flashmla_private"]
     return v["skew64_n32"]
+
+
+def _cuda_variant(T: int, H: int) -> str:
+    """The CUDA kernel's variant for T tokens x H <= 16 heads (benchmarks/RESULTS.md): tiles of
+    32 from 128 tokens (and at 9-16 heads below 32), else tiles of 16 in grids of 2 blocks per
+    SM from 32 tokens, 3 below."""
+    if T >= 128 or (H > 8 and T < 32):
+        return "cuda32_x2"
+    return "cuda_x2" if T >= 32 else "cuda_x3"
 
 
 def _cuda_ok(device: torch.device) -> bool:
@@ -303,7 +314,7 @@ def sparse_attention(
 
         return cuda_decode.sparse_attention(
             q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
-            plan.num_splits, plan.per_sm,
+            plan.num_splits, plan.per_sm, plan.block_n,
         )  # fmt: skip
     if plan.flashmla and T:
         from sglang_dsv41.kernels.sparse_attn import triton_flashmla

@@ -38,20 +38,33 @@ def _resources(cubin: bytes, tmp_path) -> dict:
     return {"regs": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))}
 
 
-MAX_REGS = {("-DNH=1",): 128, ("-DNH=2",): 168, ("-DEXACT=1", "-DNH=1"): 168}
+def _max_regs(defines: tuple) -> int:
+    """Tiles of 16: three blocks of 128 threads per SM (168 registers; 128, four blocks, at up
+    to 8 heads in bf16); tiles of 32: two (shared memory allows no more)."""
+    if "-DBN=32" in defines:
+        return 255
+    return 128 if defines == ("-DNH=1",) else 168
+
+
+def test_the_builds_are_the_launchers():
+    assert cuda_decode.defines_for(8, False) == ("-DNH=1",)
+    assert cuda_decode.defines_for(5, True) == ("-DEXACT=1", "-DNH=1")
+    assert cuda_decode.defines_for(16, False, 32) == ("-DNH=2", "-DBN=32", "-DSTAGES=2")
+    assert len(set(cuda_decode.BUILDS)) == 6
+    with pytest.raises(ValueError, match="tiles of"):
+        cuda_decode.defines_for(8, False, 64)
 
 
 @pytest.mark.parametrize("defines", cuda_decode.BUILDS)
 def test_the_kernel_builds_for_sm90a_without_spills(defines, tmp_path):
-    """Every build the launcher makes: at most 128 registers at up to 8 heads (four blocks of
-    128 threads fit an SM's registers), 168 at 16 and in the exact mode (three); no local
-    memory."""
+    """Every build the launcher makes, within the registers of the blocks per SM it is meant to
+    run (`_max_regs`); no local memory."""
     _nvrtc_or_skip()
     with open(cuda_decode._SRC) as f:
         src = f.read()
     cubin = cuda_jit.compile_cubin(src, cuda_decode.NAME, "sm_90a", defines)
     r = _resources(cubin, tmp_path)
-    assert r["regs"] <= MAX_REGS[defines] and r["local"] == 0 and r["stack"] == 0, r
+    assert r["regs"] <= _max_regs(defines) and r["local"] == 0 and r["stack"] == 0, r
 
 
 def test_a_compile_error_names_the_kernel_and_the_log():
@@ -107,10 +120,16 @@ def test_the_argument_contract():
     cuda_decode.check_args(q, torch.zeros(1, 1, dtype=torch.uint8), sw, kv, tk, fp4)
 
 
-def test_shared_memory_per_stage():
+def test_shared_memory_per_build():
+    """Tiles of 16: two buffers of 4 warps x 16 rows of 272 B, logits 8 KB, 9 KB a stage;
+    three blocks fit an SM (228 KB, 1 KB reserved per block). Tiles of 32: one buffer, twice
+    the logits and stages; two blocks."""
     assert cuda_decode.smem_bytes() == 34816 + 8192 + 3 * 9216
     assert cuda_decode.smem_bytes(("-DSTAGES=4",)) - cuda_decode.smem_bytes() == 9216
-    assert 3 * (cuda_decode.smem_bytes() + 1024) <= 228 * 1024  # three blocks per SM
+    assert 3 * (cuda_decode.smem_bytes() + 1024) <= 228 * 1024
+    b32 = cuda_decode.defines_for(8, False, 32)
+    assert cuda_decode.smem_bytes(b32) == 34816 + 16384 + 2 * 18432
+    assert 2 * (cuda_decode.smem_bytes(b32) + 1024) <= 228 * 1024
 
 
 def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
@@ -119,12 +138,14 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     assert not tri.plan_for(64, 8, 512, CPU, False).cuda  # no GPU: Triton's plan
     monkeypatch.setattr(tri, "_cuda_ok", lambda device: True)
     v = tri.variants_for(8)
-    for T, want in ((32, "cuda_x2"), (127, "cuda_x2"), (128, "cuda_x3"), (1023, "cuda_x3")):
+    for T, want in ((32, "cuda_x2"), (127, "cuda_x2"), (128, "cuda32_x2"), (1023, "cuda32_x2")):
         for H in (1, 8, 16):
             assert tri.Plan(**v[want]) == tri.plan_for(T, H, 512, CPU, False), (T, H)
-    for T in (1, 8, 31):  # up to 8 heads it takes every decode batch, 9-16 heads from 32
+    for T in (1, 7, 31):  # up to 8 heads every decode batch, tiles of 16 below 32 tokens
         assert tri.Plan(**v["cuda_x3"]) == tri.plan_for(T, 8, 512, CPU, False), T
-        assert not tri.plan_for(T, 9, 512, CPU, False).cuda
+    for T in (8, 31):  # 9-16 heads from 8 tokens, tiles of 32 below 32
+        assert tri.Plan(**v["cuda32_x2"]) == tri.plan_for(T, 9, 512, CPU, False), T
+    assert not tri.plan_for(7, 16, 512, CPU, False).cuda
     # cuda=False: the Triton plan a call falls back to when the kernel cannot take it
     t8 = tri.variants_for(8)
     assert tri.plan_for(64, 8, 512, CPU, False, cuda=False) == tri.Plan(**t8["direct_n32_pf_x2"])
@@ -135,7 +156,7 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     assert not tri.plan_for(64, 32, 512, CPU, False).cuda
     # fp32 q (the served layer's exact path): the exact mode at up to 8 heads below prefill
     vx = tri.variants_for(8, exact=True)
-    for T, want in ((1, "cuda_x3"), (8, "cuda_x3"), (64, "cuda_x2"), (300, "cuda_x3")):
+    for T, want in ((1, "cuda_x3"), (8, "cuda_x3"), (64, "cuda_x2"), (300, "cuda32_x2")):
         assert tri.Plan(**vx[want]) == tri.plan_for(T, 8, 512, CPU, True), T
     assert not tri.plan_for(64, 16, 512, CPU, True).cuda
     assert not tri.plan_for(1024, 8, 512, CPU, True).cuda

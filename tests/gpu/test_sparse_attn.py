@@ -324,53 +324,58 @@ def _cuda_or_skip():
         pytest.skip(f"the CUDA kernel does not run here: {why}")
 
 
+@pytest.mark.parametrize("block_n", [16, 32])
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 @pytest.mark.parametrize("H", [1, 5, 8, 9, 16])
 @pytest.mark.parametrize("T", [1, 5, 40, 300])
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
-def test_cuda_kernel_against_the_reference(layout, H, T, num_splits):
-    """The CUDA kernel (cuda_decode) at every head count it takes, split and unsplit, fp32 and
-    bf16 out; a token that sees only the sink gets zeros."""
+def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, block_n):
+    """The CUDA kernel (cuda_decode) at every head count it takes, tiles of 16 and 32, split
+    and unsplit, fp32 and bf16 out; a token that sees only the sink gets zeros."""
     _cuda_or_skip()
     q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
-    out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, cuda=True, num_splits=num_splits)
+    launch = dict(cuda=True, num_splits=num_splits, block_n=block_n)
+    out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, **launch)
     if T > 2:
         assert (out[2] == 0).all()
     skv = SparseKV(swa, sw, kv, tk, layout)
-    bf = sparse_attention(q, skv, sink, cuda=True, num_splits=num_splits)  # bf16 out
+    bf = sparse_attention(q, skv, sink, **launch)  # bf16 out
     torch.testing.assert_close(bf.float(), out, rtol=2**-8, atol=1e-5)  # out's rounding only
 
 
-@pytest.mark.parametrize("W, TOPK", [(7, 40), (128, 0), (0, 100), (19, 5)])
-def test_cuda_kernel_segment_lengths(W, TOPK):
-    """Windows and top-k lists that are no multiple of the kernel's 16-entry tiles, or empty."""
+@pytest.mark.parametrize("block_n", [16, 32])
+@pytest.mark.parametrize("W, TOPK", [(7, 40), (128, 0), (0, 100), (19, 5), (40, 17)])
+def test_cuda_kernel_segment_lengths(W, TOPK, block_n):
+    """Windows and top-k lists that are no multiple of the kernel's tiles, or empty."""
     _cuda_or_skip()
     q, swa, sw, kv, tk, sink = make_case(40, 8, 512, max(W, 1), max(TOPK, 1), Layout.V41_FP4)
     sw, tk = sw[:, :W].contiguous(), tk[:, :TOPK].contiguous()
     for ns in (None, 1):
-        _check(q, swa, sw, kv, tk, Layout.V41_FP4, sink, cuda=True, num_splits=ns)
+        _check(q, swa, sw, kv, tk, Layout.V41_FP4, sink, cuda=True, num_splits=ns, block_n=block_n)
 
 
 def test_cuda_kernel_graph_capture_and_default_plan():
     """The default plan takes the CUDA kernel at up to 8 heads from one token, at 9-16 heads
-    from 32; it replays from a CUDA graph; arguments it cannot take (a cache off a 16-byte
+    from 8; it replays from a CUDA graph; arguments it cannot take (a cache off a 16-byte
     boundary) go to Triton."""
     _cuda_or_skip()
     assert tri.plan_for(64, 8, 512, DEV, False).cuda and tri.plan_for(300, 16, 512, DEV, False).cuda
     assert tri.plan_for(1, 8, 512, DEV, False).cuda
-    assert not tri.plan_for(8, 16, 512, DEV, False).cuda
+    assert not tri.plan_for(7, 16, 512, DEV, False).cuda
     assert tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q at 8 heads: the exact mode
     assert not tri.plan_for(64, 16, 512, DEV, True).cuda  # at 16: the Triton exact path
-    q, swa, sw, kv, tk, sink = make_case(64, 8, 512, 128, 512, Layout.V41_FP4)
-    skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
-    out = torch.empty(64, 8, 512, dtype=torch.bfloat16, device=DEV)
-    sparse_attention(q, skv, attn_sink=sink, out=out)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    assert tri.plan_for(200, 16, 512, DEV, False).block_n == 32  # tiles of 32 from 128 tokens
+    for T, H in ((64, 8), (200, 16)):
+        q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, Layout.V41_FP4)
+        skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+        out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=DEV)
         sparse_attention(q, skv, attn_sink=sink, out=out)
-    q.copy_(torch.randn_like(q))
-    g.replay()
-    assert torch.equal(out, sparse_attention(q, skv, attn_sink=sink))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            sparse_attention(q, skv, attn_sink=sink, out=out)
+        q.copy_(torch.randn_like(q))
+        g.replay()
+        assert torch.equal(out, sparse_attention(q, skv, attn_sink=sink))
     # a cache that does not start on 16 bytes: the default plan keeps Triton for the call
     raw = torch.empty(swa.numel() + 8, dtype=torch.uint8, device=DEV)
     odd = raw[8:].view(swa.shape)
@@ -382,13 +387,15 @@ def test_cuda_kernel_graph_capture_and_default_plan():
     _check(q, odd, sw, kv, tk, Layout.V41_FP4, sink)
 
 
+@pytest.mark.parametrize("block_n", [16, 32])
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 @pytest.mark.parametrize("H", [1, 5, 8])
 @pytest.mark.parametrize("T", [1, 40, 300])
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
-def test_cuda_kernel_exact_mode(layout, H, T, num_splits):
+def test_cuda_kernel_exact_mode(layout, H, T, num_splits, block_n):
     """fp32 q at up to 8 heads (the served layer under TP8): the CUDA kernel with q and P in
     three exact bf16 parts is the fp32 reference up to the order of the sums."""
     _cuda_or_skip()
     assert tri.plan_for(T, H, 512, DEV, True).cuda
-    assert _exact_err(T, H, 512, layout, cuda=True, num_splits=num_splits) < EXACT_BOUND
+    err = _exact_err(T, H, 512, layout, cuda=True, num_splits=num_splits, block_n=block_n)
+    assert err < EXACT_BOUND
