@@ -6,18 +6,19 @@ call is CUDA-graph capturable (static grid, no host syncs):
 
 - up to 16 heads: on SM90 the CUDA kernel (`cuda_decode`: each warp a quarter of D,
   NVRTC-built at first use; the Triton path where it cannot be built), at 9-16 heads from 8
-  tokens; otherwise `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32,
-  splits filling the GPU twice (from 32 tokens the next tile requested ahead);
+  tokens, prefill included; otherwise `triton_kernel` with 16 heads per program on M
+  (mma.sync), tiles of 32, splits filling the GPU twice (from 32 tokens the next tile
+  requested ahead);
 - 32 heads: the entries on M (SWAP), 8 warps, the next tile's records requested ahead;
 - 64 heads: batches under 8 tokens as 16-head programs; from 8 tokens 64-head programs whose
   P V product trails one tile (SKEW); on SM90 with `flash_mla` installed, FlashMLA's sparse
   prefill over a bf16 workspace (`triton_flashmla`): from 128 tokens one row per (token, entry)
   (decode batches share no entries), from 1024 tokens each referenced record once;
-- prefill-sized T up to 32 heads: `triton_kernel` over a bf16 workspace of the referenced
-  records, each dequantized once (`triton_workspace`);
+- prefill-sized T at 17-32 heads (and up to 16 without the CUDA kernel): `triton_kernel` over a
+  bf16 workspace of the referenced records, each dequantized once (`triton_workspace`);
 - fp32 q (the exact path, what the served layer passes): the same kernels with q and P split
   into three exact bf16 parts (`triton_kernel.split3`), never FlashMLA (bf16 q) nor SKEW; up to
-  8 heads on SM90 (TP8) below prefill sizes, the CUDA kernel's exact mode (same split);
+  8 heads on SM90 (TP8), prefill included, the CUDA kernel's exact mode (same split);
   `ieee=True` takes fp32 tiles with IEEE products instead (slow at D = 512);
 - TRITON_INTERPRET=1 and D < 512: heads on M, no options.
 Each choice is the fastest of `variants_for` on the H200 (benchmarks/RESULTS.md).
@@ -45,7 +46,7 @@ LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
 FLASHMLA_PRIVATE_MIN_TOKENS = 128  # from here to 1024: FlashMLA over per-entry workspace rows
 WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
-CUDA_MIN_TOKENS = 8  # 9-16 heads: from here to WORKSPACE_MIN_TOKENS the CUDA kernel (<= 8: from 1)
+CUDA_MIN_TOKENS = 8  # 9-16 heads: from here on the CUDA kernel (<= 8: from 1 token)
 # fp32 q at D = 512 (the exact path, `_exact_variants`): under 8 programs of 16 heads, decode
 # and extend, T >= 1024 (benchmarks/RESULTS.md, "The served layer's exact path")
 EXACT_FEW, EXACT_DECODE, EXACT_PREFILL = "swap_w8_n32_pf", "direct_n32_x2", "ws_direct_n32"
@@ -219,16 +220,16 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
         return Plan(block_h=bh, block_n=32, num_warps=nw, swap=False, ieee=exact and not interpret)
     if exact:
         v = _exact_variants(H)
-        if T >= WORKSPACE_MIN_TOKENS:
-            return v[EXACT_PREFILL]
         if cuda and H <= 8 and _cuda_ok(device):  # the CUDA exact mode (served layer at TP8)
             return v[_cuda_variant(T, H)]
+        if T >= WORKSPACE_MIN_TOKENS:
+            return v[EXACT_PREFILL]
         return v[EXACT_FEW if T * triton.cdiv(H, 16) < 8 else EXACT_DECODE]
     v = _variants(H)
-    if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
-        return v["ws_direct_n64"]
     if cuda and H <= 16 and (H <= 8 or T >= CUDA_MIN_TOKENS) and _cuda_ok(device):
         return v[_cuda_variant(T, H)]
+    if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
+        return v["ws_direct_n64"]
     if H <= 16:
         return v["direct_n32_pf_x2"] if T >= 32 else v["direct_n32_x2"]
     if H <= 32:
@@ -242,8 +243,11 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
 
 def _cuda_variant(T: int, H: int) -> str:
     """The CUDA kernel's variant for T tokens x H <= 16 heads (benchmarks/RESULTS.md): tiles of
-    32 from 128 tokens (and at 9-16 heads below 32), else tiles of 16 in grids of 2 blocks per
-    SM from 32 tokens, 3 below."""
+    32 from 128 tokens to prefill sizes (and at 9-16 heads below 32), else tiles of 16 in grids
+    of 2 blocks per SM from 32 tokens, 3 below and in prefill (three blocks per SM, records in
+    L2: 728 against 803 us at 4096 tokens, 8 heads)."""
+    if T >= WORKSPACE_MIN_TOKENS:
+        return "cuda_x3"
     if T >= 128 or (H > 8 and T < 32):
         return "cuda32_x2"
     return "cuda_x2" if T >= 32 else "cuda_x3"

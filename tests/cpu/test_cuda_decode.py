@@ -138,7 +138,8 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     assert not tri.plan_for(64, 8, 512, CPU, False).cuda  # no GPU: Triton's plan
     monkeypatch.setattr(tri, "_cuda_ok", lambda device: True)
     v = tri.variants_for(8)
-    for T, want in ((32, "cuda_x2"), (127, "cuda_x2"), (128, "cuda32_x2"), (1023, "cuda32_x2")):
+    cases = ((32, "cuda_x2"), (127, "cuda_x2"), (128, "cuda32_x2"), (1023, "cuda32_x2"))
+    for T, want in cases + ((1024, "cuda_x3"), (4096, "cuda_x3")):  # prefill: tiles of 16
         for H in (1, 8, 16):
             assert tri.Plan(**v[want]) == tri.plan_for(T, H, 512, CPU, False), (T, H)
     for T in (1, 7, 31):  # up to 8 heads every decode batch, tiles of 16 below 32 tokens
@@ -152,14 +153,15 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     t8x = tri.variants_for(8, exact=True)
     assert tri.plan_for(1, 8, 512, CPU, True, cuda=False) == tri.Plan(**t8x["swap_w8_n32_pf"])
     assert tri.plan_for(64, 8, 512, CPU, True, cuda=False) == tri.Plan(**t8x["direct_n32_x2"])
-    assert not tri.plan_for(1024, 8, 512, CPU, False).cuda  # prefill: the workspace route
+    assert tri.plan_for(1024, 8, 512, CPU, False, cuda=False).workspace  # prefill w/o it
     assert not tri.plan_for(64, 32, 512, CPU, False).cuda
-    # fp32 q (the served layer's exact path): the exact mode at up to 8 heads below prefill
+    # fp32 q (the served layer's exact path): the exact mode at up to 8 heads
     vx = tri.variants_for(8, exact=True)
-    for T, want in ((1, "cuda_x3"), (8, "cuda_x3"), (64, "cuda_x2"), (300, "cuda32_x2")):
+    for T, want in ((1, "cuda_x3"), (8, "cuda_x3"), (64, "cuda_x2"), (300, "cuda32_x2"),
+                    (4096, "cuda_x3")):  # fmt: skip
         assert tri.Plan(**vx[want]) == tri.plan_for(T, 8, 512, CPU, True), T
     assert not tri.plan_for(64, 16, 512, CPU, True).cuda
-    assert not tri.plan_for(1024, 8, 512, CPU, True).cuda
+    assert not tri.plan_for(1024, 16, 512, CPU, True).cuda
     assert not any(p["cuda"] for p in tri.variants_for(16, exact=True).values())
     with pytest.raises(ValueError, match="up to 8 heads"):
         q, swa, sw, kv, tk, fp4 = _args(H=16)
