@@ -1,23 +1,24 @@
-// Sparse MQA attention over V4.1 records for up to 16 query heads, D = 512, bf16 q (SM90).
+// Sparse MQA attention over V4.1 records, D = 512, bf16 q (or fp32: EXACT), SM90.
 // Built at first use by NVRTC (cuda_jit.py); launched by cuda_decode.py, which states the
 // arguments. Self-contained: no CUDA headers, the tensor-core and conversion steps in PTX.
 // The math is kernels/sparse_attn/ref.py's (the GPU tests compare the two).
 //
 // One CTA = one query token x one split of its entry list (SWA tiles, then top-k tiles; tiles
-// of 16 entries); 4 warps, warp w owns the head-dim quarter d in [128 w, 128 w + 128):
-//  - the records of tile u + STAGES - 1 are requested by cp.async into a per-lane ring while
+// of BN = 16 or 32 entries) x one group of 8 NH heads (NH = 1: up to 8; 2: 16); 4 warps, warp
+// w owns the head-dim quarter d in [128 w, 128 w + 128):
+//  - the records of tile u + STAGES - 1 are requested by cp.async into a per-warp ring while
 //    tile u is computed (each lane stages and reads back only its own bytes);
-//  - each warp dequantizes its quarter of a tile's 16 records into its own shared-memory tile,
-//    in the order of triton_records' PTX (d permuted inside each group of 8: stored positions
+//  - each warp dequantizes its quarter of a tile's records into its own shared-memory tile, in
+//    the order of triton_records' PTX (d permuted inside each group of 8: stored positions
 //    0..7 hold d 0 2 4 6 1 3 5 7), as the values x 2^-8 (FAST_FACTOR);
-//  - its logits over the quarter: 16 heads x 16 entries (mma m16n8k16, heads on M), q's
-//    quarter held in registers as A fragments (loaded in the same permuted order), K^T
-//    fragments by ldmatrix;
-//  - the four partial logits are summed through shared memory (one block barrier a tile; the
-//    next tile is dequantized before it), every warp runs the same online softmax (base 2),
-//    rescaling its accumulator only when a row maximum moved, and adds P V over its quarter
-//    with d on M and heads on N (NH tiles of 8 heads): A = K^T by ldmatrix.trans, B = P^T
-//    straight from the logits' registers; its accumulator is 128 d x 8 NH heads, fp32.
+//  - its logits over the quarter (mma m16n8k16), q's quarter held in registers (loaded in the
+//    same permuted order), the tile by ldmatrix: with NH = 1 transposed (entries on M, the 8
+//    heads on N), with NH = 2 the 16 heads on M;
+//  - the four partial logits are summed through shared memory (one block barrier a tile), every
+//    warp runs the same online softmax (base 2), rescaling its accumulator only when a maximum
+//    moved, and adds P V over its quarter with d on M and heads on N: A = K^T by
+//    ldmatrix.trans, B = P^T from the logits' registers (transposed by movmatrix when NH = 1);
+//    its accumulator is 128 d x 8 NH heads, fp32.
 // EXACT (fp32 q, NH = 1): q and P are split into three exact bf16 parts and each product is
 // three MMAs, the small parts first (the Triton exact path's arithmetic).
 // Output: fp32 partials (normalized, with base-2 log-sum-exps) for the merge kernel, or, with
@@ -255,7 +256,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     const u8* __restrict__ kv, const int* __restrict__ kv_idx, long long stride_kvt, int kv_fp4,
     const float* __restrict__ sink, int has_sink, float* __restrict__ part,
     float* __restrict__ lse, void* __restrict__ out, long long stride_ot, long long stride_oh,
-    int out_kind, int H, int W, int TOPK, int num_splits, float qk_scale) {
+    int out_kind, int H_all, int W, int TOPK, int num_splits, float qk_scale) {
   // out_kind: 0 = fp32 partials part [T, NS, H, D] + lse [T, NS, H]; 1 = bf16 out; 2 = fp32 out
   extern __shared__ __align__(16) unsigned char smem[];  // SMEM_BYTES(STAGES), cuda_decode.py
   // [KBUF][warp] dequantized tiles, [2][warp] logit fragments, [STAGES][warp][ET] staging
@@ -264,6 +265,13 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
   float4(*red)[4][2 * ET][32] = (float4(*)[4][2 * ET][32])p_red;
   Raw(*raw)[4][ET] = (Raw(*)[4][ET])(p_red + 2 * 4 * 2 * ET * 32 * 16);
   const int t = blockIdx.x, split = blockIdx.y;
+  // this block's heads: group blockIdx.z of 8 NH heads (H of them), q / sink / out from there
+  const int hg0 = 8 * NH * blockIdx.z, H = min(8 * NH, H_all - hg0);
+  q = (const unsigned char*)q + (long long)hg0 * stride_qh * (EXACT ? 4 : 2);
+  sink += has_sink ? hg0 : 0;
+  out = (unsigned char*)out + (out_kind ? (long long)hg0 * stride_oh * (out_kind == 1 ? 2 : 4) : 0);
+  part += hg0 * 512;  // partials [T, NS, H_all, 512], lse [T, NS, H_all]
+  lse += hg0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int e_ld = lane & 15, hh = lane >> 4;  // this lane's entry of a tile, half of it
@@ -626,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     f_a = l_a > 0.f ? 1.f / l_a : 0.f;
     f_b = l_b > 0.f ? 1.f / l_b : 0.f;
     if (lse_lane) {
-      float* pl = lse + ((long long)t * num_splits + split) * H;
+      float* pl = lse + ((long long)t * num_splits + split) * H_all;
       if (ha < H) pl[ha] = l_a > 0.f ? m_a + log2f(l_a) : ninf;
       if (hb < H) pl[hb] = l_b > 0.f ? m_b + log2f(l_b) : ninf;
     }
@@ -658,7 +666,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
         const int d = DQ * warp + (pos & ~7) + PERM8(pos & 7);
         const float v0 = acc[mt][j][2 * rr] * f0, v1 = acc[mt][j][2 * rr + 1] * f1;
         if (out_kind == 0) {
-          float* po = part + ((long long)t * num_splits + split) * H * 512 + d;
+          float* po = part + ((long long)t * num_splits + split) * H_all * 512 + d;
           if (h0 < H) po[(long long)h0 * 512] = v0;
           if (h1 < H) po[(long long)h1 * 512] = v1;
         } else if (out_kind == 1) {

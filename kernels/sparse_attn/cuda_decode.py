@@ -1,18 +1,18 @@
-"""Sparse attention for up to 16 query heads on SM90, a CUDA kernel (`cuda_decode.cu`) built at
-first use by NVRTC (`cuda_jit`): the 8 / 16 heads per GPU of V4.1 served with tensor
-parallelism over 8 / 4 GPUs.
+"""Sparse attention on SM90 for few query heads, a CUDA kernel (`cuda_decode.cu`) built at first
+use by NVRTC (`cuda_jit`): the 8 / 16 heads per GPU of V4.1 served with tensor parallelism over
+8 / 4 GPUs (more heads run as groups of 16, each block re-reading the records).
 
-Each warp owns a quarter of the head dimension for a whole tile of 16 entries (its own
+Each warp owns a quarter of the head dimension for a whole tile of 16 or 32 entries (its own
 dequantized tile, q's quarter in registers); only the logits are summed across the 4 warps, so
 there is one block barrier a tile and no warp re-reads q or another warp's records (the Triton
 kernel, whose warps split the entries, does both; benchmarks/RESULTS.md). Same arguments and
-meaning as `triton.sparse_attention`; fp32 q (the exact path, up to 8 heads) splits q and P
-into three exact bf16 parts, as the Triton exact path does. The torch reference is
+meaning as `triton.sparse_attention`; fp32 q (the exact path) splits q and P into three exact
+bf16 parts, as the Triton exact path does. The torch reference is
 `kernels.sparse_attn.ref.sparse_attention_ref` (the GPU tests compare every shape with it).
 
-Runs where: SM90 (H100 / H200), bf16 q [T, H <= 16, 512] or fp32 q [T, H <= 8, 512], V41 SWA
-records and V41 or V41_FP4 main-KV records with contiguous rows, NVRTC loadable (PyTorch's CUDA
-wheels bring it). Not run on any other GPU.
+Runs where: SM90 (H100 / H200), bf16 or fp32 q [T, H, 512] (blocks of 8 heads at up to 8 bf16
+heads and for fp32 q, else 16), V41 SWA records and V41 or V41_FP4 main-KV records with
+contiguous rows, NVRTC loadable (PyTorch's CUDA wheels bring it). Not run on any other GPU.
 `available(device)` says whether it does here, building once and keeping the reason when not;
 the launcher (`triton.plan_for`) then keeps the Triton kernels.
 """
@@ -30,8 +30,8 @@ from sglang_dsv41.kernels.sparse_attn.cuda_jit import CudaJitError, Kernel
 
 BN = 16  # entries per tile (the kernel's BN unless a build sets -DBN=32)
 D = 512
-MAX_HEADS = 16
-MAX_EXACT_HEADS = 8  # fp32 q (three bf16 parts of q and P): one tile of 8 heads
+GROUP_HEADS = 16  # heads per block (bf16 q, more than 8 heads)
+GROUP_EXACT_HEADS = 8  # fp32 q (three bf16 parts of q and P): one tile of 8 heads per block
 NAME = "sparse_decode_h16"
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_decode.cu")
 
@@ -65,13 +65,19 @@ def smem_bytes(defines: tuple = ()) -> int:
 STAGES = {16: 3, 32: 2}  # tiles of records in flight per tile size (the fastest on the H200)
 
 
+def group_heads(H: int, exact: bool) -> int:
+    """Heads per block: 8 (one tile of 8 in P V, NH = 1) at up to 8 heads and for fp32 q, else
+    16 (NH = 2)."""
+    return GROUP_EXACT_HEADS if exact or H <= 8 else GROUP_HEADS
+
+
 def defines_for(H: int, exact: bool, block_n: int = BN) -> tuple:
     """The NVRTC options of the build for H heads (NH tiles of 8 in P V), fp32 q (`exact`)
     and tiles of block_n (16 or 32) entries."""
     if block_n not in STAGES:
         raise ValueError(f"the CUDA kernel takes tiles of {sorted(STAGES)} entries, not {block_n}")
     d = ("-DEXACT=1",) if exact else ()
-    d += (f"-DNH={1 if H <= 8 else 2}",)
+    d += (f"-DNH={group_heads(H, exact) // 8}",)
     if block_n != BN:
         d += (f"-DBN={block_n}", f"-DSTAGES={STAGES[block_n]}")
     return d
@@ -122,11 +128,9 @@ def why_unavailable(device: torch.device) -> str | None:
 def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, out=None) -> None:
     """What the kernel needs of its arguments; ValueError naming the first one that differs."""
     T, H, Dq = q.shape
-    max_h = MAX_HEADS if q.dtype == torch.bfloat16 else MAX_EXACT_HEADS
-    if q.dtype not in (torch.bfloat16, torch.float32) or Dq != D or not 1 <= H <= max_h:
+    if q.dtype not in (torch.bfloat16, torch.float32) or Dq != D or H < 1:
         raise ValueError(
-            f"the CUDA kernel takes bf16 q [T, H <= {MAX_HEADS}, {D}] or fp32 q [T, H <= "
-            f"{MAX_EXACT_HEADS}, {D}], got {q.dtype} {tuple(q.shape)}"
+            f"the CUDA kernel takes bf16 or fp32 q [T, H, {D}], got {q.dtype} {tuple(q.shape)}"
         )
     if q.stride(2) != 1:
         raise ValueError(f"q must have unit stride in D, got strides {q.stride()}")
@@ -170,7 +174,8 @@ def sparse_attention(
     defines = (*defines_for(H, q.dtype == torch.float32, block_n), *defines)
     bn = _option(defines, "BN", BN)
     n_tiles = triton.cdiv(W, bn) + triton.cdiv(TOPK, bn)
-    ns = num_splits or tri.pick_splits(T, 1, n_tiles, q.device, per_sm)
+    groups = triton.cdiv(H, group_heads(H, q.dtype == torch.float32))
+    ns = num_splits or tri.pick_splits(T, groups, n_tiles, q.device, per_sm)
     ns = max(1, min(ns, max(n_tiles, 1)))
     dev = q.device
     if ns > 1:
@@ -195,7 +200,7 @@ def sparse_attention(
     ]  # fmt: skip
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     kernel(defines)(
-        (T, ns), (128,), args, stream=torch.cuda.current_stream(dev).cuda_stream,
+        (T, ns, groups), (128,), args, stream=torch.cuda.current_stream(dev).cuda_stream,
         device_index=index, smem=smem_bytes(defines),
     )  # fmt: skip
     if ns > 1:

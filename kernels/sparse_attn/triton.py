@@ -4,21 +4,22 @@
 picks a `Plan` from the shapes alone (tokens T, heads H, head dim D, capability), so a decode
 call is CUDA-graph capturable (static grid, no host syncs):
 
-- up to 16 heads: on SM90 the CUDA kernel (`cuda_decode`: each warp a quarter of D,
-  NVRTC-built at first use; the Triton path where it cannot be built), at 9-16 heads from 8
-  tokens, prefill included; otherwise `triton_kernel` with 16 heads per program on M
-  (mma.sync), tiles of 32, splits filling the GPU twice (from 32 tokens the next tile
-  requested ahead);
+- on SM90 the CUDA kernel (`cuda_decode`: blocks of 8 or 16 heads, each warp a quarter of D,
+  NVRTC-built at first use; the Triton path where it cannot be built) where `_cuda_variant`
+  says: up to 8 heads always, 9-16 heads from 8 tokens, 17-32 heads in decode, 33-64 heads at
+  8-31 tokens; otherwise:
+- up to 16 heads: `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32,
+  splits filling the GPU twice (from 32 tokens the next tile requested ahead);
 - 32 heads: the entries on M (SWAP), 8 warps, the next tile's records requested ahead;
-- 64 heads: batches under 8 tokens as 16-head programs; from 8 tokens 64-head programs whose
+- 64 heads: batches under 8 tokens as 16-head programs; from 32 tokens 64-head programs whose
   P V product trails one tile (SKEW); on SM90 with `flash_mla` installed, FlashMLA's sparse
   prefill over a bf16 workspace (`triton_flashmla`): from 128 tokens one row per (token, entry)
   (decode batches share no entries), from 1024 tokens each referenced record once;
 - prefill-sized T at 17-32 heads (and up to 16 without the CUDA kernel): `triton_kernel` over a
   bf16 workspace of the referenced records, each dequantized once (`triton_workspace`);
-- fp32 q (the exact path, what the served layer passes): the same kernels with q and P split
-  into three exact bf16 parts (`triton_kernel.split3`), never FlashMLA (bf16 q) nor SKEW; up to
-  8 heads on SM90 (TP8), prefill included, the CUDA kernel's exact mode (same split);
+- fp32 q (the exact path, what the served layer passes): on SM90 the CUDA kernel's exact mode
+  at every head count and size (blocks of 8 heads); elsewhere the Triton kernels with q and P
+  split into three exact bf16 parts (`triton_kernel.split3`), never FlashMLA (bf16 q) nor SKEW;
   `ieee=True` takes fp32 tiles with IEEE products instead (slow at D = 512);
 - TRITON_INTERPRET=1 and D < 512: heads on M, no options.
 Each choice is the fastest of `variants_for` on the H200 (benchmarks/RESULTS.md).
@@ -168,14 +169,16 @@ def _variants(H: int) -> dict:
     }  # fmt: skip
     small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
     small["direct_n32_pf_x2"] = dataclasses.replace(small["direct_n32_x2"], prefetch=True)
-    if H <= 16:  # the CUDA kernel (cuda_decode): tiles of 16, grids of 2 or 3 blocks per SM;
-        for k in (2, 3):  # tiles of 32, two
-            small[f"cuda_x{k}"] = Plan(block_h=16, block_n=16, num_warps=4, swap=False, cuda=True,
-                                       per_sm=k)  # fmt: skip
-        small["cuda32_x2"] = dataclasses.replace(small["cuda_x2"], block_n=32)
+    # the CUDA kernel (cuda_decode; blocks of 8 or 16 heads): tiles of 16, grids of 2 or 3
+    # blocks per SM; tiles of 32, two
+    cuda = {
+        f"cuda_x{k}": Plan(block_h=16, block_n=16, num_warps=4, swap=False, cuda=True, per_sm=k)
+        for k in (2, 3)
+    }
+    cuda["cuda32_x2"] = dataclasses.replace(cuda["cuda_x2"], block_n=32)
     if H <= 32:
-        return small
-    return {
+        return small | cuda
+    return cuda | {
         "direct64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False),
         "direct64_n64": Plan(block_h=64, block_n=64, num_warps=8, swap=False),
         "skew64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False, skew=True),
@@ -192,12 +195,9 @@ def _exact_variants(H: int) -> dict:
     """The exact path's variants (fp32 q) at H heads: 16-head programs (with q's three parts,
     32 or 64 heads per program need more than the SM's 227 KB of shared memory), no FlashMLA
     (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
-    the three-part split), and up to 8 heads the CUDA kernel's exact mode (`cuda_x2`,
-    `cuda_x3`)."""
-    v = {k: p for k, p in _variants(16).items() if not (p.flashmla or p.skew or p.cuda)}
+    the three-part split), and the CUDA kernel's exact mode (blocks of 8 heads)."""
+    v = {k: p for k, p in _variants(16).items() if not (p.flashmla or p.skew)}
     v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
-    if H <= 8:
-        v.update({k: p for k, p in _variants(8).items() if p.cuda})
     return v
 
 
@@ -220,14 +220,16 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
         return Plan(block_h=bh, block_n=32, num_warps=nw, swap=False, ieee=exact and not interpret)
     if exact:
         v = _exact_variants(H)
-        if cuda and H <= 8 and _cuda_ok(device):  # the CUDA exact mode (served layer at TP8)
-            return v[_cuda_variant(T, H)]
+        name = _cuda_variant(T, H, True) if cuda else None
+        if name and _cuda_ok(device):  # the CUDA kernel's exact mode
+            return v[name]
         if T >= WORKSPACE_MIN_TOKENS:
             return v[EXACT_PREFILL]
         return v[EXACT_FEW if T * triton.cdiv(H, 16) < 8 else EXACT_DECODE]
     v = _variants(H)
-    if cuda and H <= 16 and (H <= 8 or T >= CUDA_MIN_TOKENS) and _cuda_ok(device):
-        return v[_cuda_variant(T, H)]
+    name = _cuda_variant(T, H, False) if cuda else None
+    if name and _cuda_ok(device):
+        return v[name]
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
         return v["ws_direct_n64"]
     if H <= 16:
@@ -241,16 +243,31 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
     return v["skew64_n32"]
 
 
-def _cuda_variant(T: int, H: int) -> str:
-    """The CUDA kernel's variant for T tokens x H <= 16 heads (benchmarks/RESULTS.md): tiles of
-    32 from 128 tokens to prefill sizes (and at 9-16 heads below 32), else tiles of 16 in grids
-    of 2 blocks per SM from 32 tokens, 3 below and in prefill (three blocks per SM, records in
-    L2: 728 against 803 us at 4096 tokens, 8 heads)."""
-    if T >= WORKSPACE_MIN_TOKENS:
-        return "cuda_x3"
-    if T >= 128 or (H > 8 and T < 32):
-        return "cuda32_x2"
-    return "cuda_x2" if T >= 32 else "cuda_x3"
+def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
+    """The CUDA kernel's variant for T tokens x H heads where it was the fastest on the H200
+    (benchmarks/RESULTS.md), else None. Tiles of 32 ("cuda32_x2": two blocks per SM) for
+    large decode batches; tiles of 16 in grids of 2 or 3 blocks per SM for small ones and in
+    prefill (three blocks per SM, the records read from L2). Above 16 heads (8 for fp32 q) each
+    block of heads re-reads the records: bf16 q at 17-32 heads in decode, at 33-64 heads only
+    at 8-31 tokens; fp32 q at any head count (the Triton exact path is slower still)."""
+    prefill = T >= WORKSPACE_MIN_TOKENS
+    if H <= 8:
+        if prefill:
+            return "cuda_x3"
+        return "cuda32_x2" if T >= 128 else "cuda_x2" if T >= 32 else "cuda_x3"
+    if exact:
+        if prefill or T < 32:
+            return "cuda_x3"
+        return "cuda32_x2" if H <= 16 or T < 128 else "cuda_x2"
+    if H <= 16:
+        if T < CUDA_MIN_TOKENS:
+            return None
+        if prefill:
+            return "cuda_x3"
+        return "cuda_x2" if 32 <= T < 128 else "cuda32_x2"
+    if H <= 32:
+        return None if prefill else "cuda_x2" if T < 32 else "cuda32_x2"
+    return "cuda_x2" if 8 <= T < 32 else None
 
 
 def _cuda_ok(device: torch.device) -> bool:
@@ -304,8 +321,6 @@ def sparse_attention(
     plan = dataclasses.replace(plan_for(T, H, D, q.device, exact), **launch)
     if exact and (plan.flashmla or (plan.skew and not plan.ieee)):
         raise ValueError("fp32 q (the exact path) takes neither the FlashMLA route nor SKEW")
-    if exact and plan.cuda and H > 8:
-        raise ValueError("fp32 q (the exact path) takes the CUDA kernel at up to 8 heads only")
     if plan.cuda and "cuda" not in launch:  # the default plan: Triton where the args don't fit
         from sglang_dsv41.kernels.sparse_attn import cuda_decode
 

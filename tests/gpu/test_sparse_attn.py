@@ -326,12 +326,12 @@ def _cuda_or_skip():
 
 @pytest.mark.parametrize("block_n", [16, 32])
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-@pytest.mark.parametrize("H", [1, 5, 8, 9, 16])
+@pytest.mark.parametrize("H", [1, 5, 8, 9, 16, 24, 64])
 @pytest.mark.parametrize("T", [1, 5, 40, 300])
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, block_n):
-    """The CUDA kernel (cuda_decode) at every head count it takes, tiles of 16 and 32, split
-    and unsplit, fp32 and bf16 out; a token that sees only the sink gets zeros."""
+    """The CUDA kernel (cuda_decode) at one and several blocks of heads, tiles of 16 and 32,
+    split and unsplit, fp32 and bf16 out; a token that sees only the sink gets zeros."""
     _cuda_or_skip()
     q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
     launch = dict(cuda=True, num_splits=num_splits, block_n=block_n)
@@ -356,16 +356,18 @@ def test_cuda_kernel_segment_lengths(W, TOPK, block_n):
 
 def test_cuda_kernel_graph_capture_and_default_plan():
     """The default plan takes the CUDA kernel at up to 8 heads from one token, at 9-16 heads
-    from 8; it replays from a CUDA graph; arguments it cannot take (a cache off a 16-byte
-    boundary) go to Triton."""
+    from 8, for fp32 q at any head count (`_cuda_variant`); it replays from a CUDA graph;
+    arguments it cannot take (a cache off a 16-byte boundary) go to Triton."""
     _cuda_or_skip()
     assert tri.plan_for(64, 8, 512, DEV, False).cuda and tri.plan_for(300, 16, 512, DEV, False).cuda
     assert tri.plan_for(1, 8, 512, DEV, False).cuda
     assert not tri.plan_for(7, 16, 512, DEV, False).cuda
     assert tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q at 8 heads: the exact mode
-    assert not tri.plan_for(64, 16, 512, DEV, True).cuda  # at 16: the Triton exact path
+    assert tri.plan_for(64, 64, 512, DEV, True).cuda  # and at 64, in blocks of 8 heads
+    assert tri.plan_for(8, 64, 512, DEV, False).cuda  # bf16 q at 64 heads: 8-31 tokens only
+    assert not tri.plan_for(32, 64, 512, DEV, False).cuda
     assert tri.plan_for(200, 16, 512, DEV, False).block_n == 32  # tiles of 32 from 128 tokens
-    for T, H in ((64, 8), (200, 16)):
+    for T, H in ((64, 8), (200, 16), (8, 64)):
         q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, Layout.V41_FP4)
         skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
         out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=DEV)
@@ -389,13 +391,14 @@ def test_cuda_kernel_graph_capture_and_default_plan():
 
 @pytest.mark.parametrize("block_n", [16, 32])
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-@pytest.mark.parametrize("H", [1, 5, 8])
+@pytest.mark.parametrize("H", [1, 5, 8, 12, 64])
 @pytest.mark.parametrize("T", [1, 40, 300])
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_cuda_kernel_exact_mode(layout, H, T, num_splits, block_n):
-    """fp32 q at up to 8 heads (the served layer under TP8): the CUDA kernel with q and P in
-    three exact bf16 parts is the fp32 reference up to the order of the sums."""
+    """fp32 q (the served layer's; at up to 8 heads, TP8, the plan's choice): the CUDA kernel
+    with q and P in three exact bf16 parts, in blocks of 8 heads, is the fp32 reference up to
+    the order of the sums."""
     _cuda_or_skip()
-    assert tri.plan_for(T, H, 512, DEV, True).cuda
+    assert H > 8 or tri.plan_for(T, H, 512, DEV, True).cuda
     err = _exact_err(T, H, 512, layout, cuda=True, num_splits=num_splits, block_n=block_n)
     assert err < EXACT_BOUND
