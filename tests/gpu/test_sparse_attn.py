@@ -278,11 +278,13 @@ def test_workspace_sorted_equals_flagged(H, variant, monkeypatch):
 
 
 def test_exact_path_refuses_fp4_tiles_of_16():
-    """Tiles of 16 over FP4 records gave wrong output in the three-part kernel (Triton 3.6 on
-    the H200: error 1.3-1.5 at 16 / 32 heads, 4 / 8 warps); the launcher refuses them."""
+    """Tiles of 16 over FP4 records gave wrong output in the three-part Triton kernel (Triton
+    3.6 on the H200: error 1.3-1.5 at 16 / 32 heads, 4 / 8 warps); the launcher refuses them
+    (the CUDA kernel's tiles of 16 are another kernel: `test_cuda_kernel_exact_mode`)."""
     q, swa, sw, kv, tk, sink = make_case(4, 16, 512, 128, 512, Layout.V41_FP4)
+    skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
     with pytest.raises(ValueError, match="block_n >= 32"):
-        sparse_attention(q.float(), SparseKV(swa, sw, kv, tk, Layout.V41_FP4), sink, block_n=16)
+        sparse_attention(q.float(), skv, sink, block_n=16, cuda=False)
 
 
 @pytest.mark.parametrize("H", [8, 64])
