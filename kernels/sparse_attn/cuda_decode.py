@@ -71,23 +71,30 @@ def group_heads(H: int, exact: bool) -> int:
     return GROUP_EXACT_HEADS if exact or H <= 8 else GROUP_HEADS
 
 
-def defines_for(H: int, exact: bool, block_n: int = BN) -> tuple:
+def defines_for(H: int, exact: bool, block_n: int = BN, slim: bool = False) -> tuple:
     """The NVRTC options of the build for H heads (NH tiles of 8 in P V), fp32 q (`exact`)
-    and tiles of block_n (16 or 32) entries."""
-    if block_n not in STAGES:
-        raise ValueError(f"the CUDA kernel takes tiles of {sorted(STAGES)} entries, not {block_n}")
+    and tiles of block_n (16 or 32) entries; `slim` (tiles of 16): one tile buffer and two
+    stages of records, 44 KB of shared memory, sized for four blocks per SM at 8 heads a block
+    (three at 16)."""
+    if block_n not in STAGES or (slim and block_n != BN):
+        raise ValueError(
+            f"the CUDA kernel takes tiles of {sorted(STAGES)} entries (slim: {BN}), not {block_n}"
+        )
+    nh = group_heads(H, exact) // 8
     d = ("-DEXACT=1",) if exact else ()
-    d += (f"-DNH={group_heads(H, exact) // 8}",)
+    d += (f"-DNH={nh}",)
     if block_n != BN:
         d += (f"-DBN={block_n}", f"-DSTAGES={STAGES[block_n]}")
+    if slim:
+        d += ("-DKBUF=1", "-DSTAGES=2", f"-DMIN_BLOCKS={4 if nh == 1 else 3}")
     return d
 
 
-# The builds the launcher makes (sparse_attention): bf16 q at up to 8 / 16 heads, fp32 q at up
-# to 8, tiles of 16 and 32.
+# The builds the plan uses (sparse_attention): blocks of 8 / 16 bf16 heads and of 8 fp32 heads,
+# tiles of 16 and 32, and the slim build for blocks of 8 heads.
 BUILDS = tuple(
     defines_for(H, exact, bn) for H, exact in ((8, False), (16, False), (8, True)) for bn in STAGES
-)
+) + (defines_for(8, False, slim=True), defines_for(8, True, slim=True))
 _PROBES: dict[int, str | None] = {}  # device index -> None (all builds load) or why not
 
 
@@ -156,12 +163,13 @@ def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, out=No
 def sparse_attention(
     q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink, scale: float, out,
     out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, block_n: int = BN,
-    defines: tuple = (),
+    slim: bool = False, defines: tuple = (),
 ):  # fmt: skip
     """Launch over T tokens (grid T x splits of 128 threads); arguments as
     `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm` times;
     block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax steps
-    per entry); defines: extra NVRTC options (benchmarks)."""
+    per entry); slim: the build for four blocks per SM (`defines_for`); defines: extra NVRTC
+    options (benchmarks)."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
     T, H, _ = q.shape
@@ -171,7 +179,7 @@ def sparse_attention(
     if T == 0:
         return out
     W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
-    defines = (*defines_for(H, q.dtype == torch.float32, block_n), *defines)
+    defines = (*defines_for(H, q.dtype == torch.float32, block_n, slim), *defines)
     bn = _option(defines, "BN", BN)
     n_tiles = triton.cdiv(W, bn) + triton.cdiv(TOPK, bn)
     groups = triton.cdiv(H, group_heads(H, q.dtype == torch.float32))

@@ -126,8 +126,9 @@ class Plan:
     private: with flashmla, one workspace row per (token, entry), no compaction (decode);
     fast: records dequantized by inline PTX where the kernel allows it (triton_kernel: 16-head
     programs, or 32 with the entries on M; bf16 q); False keeps Triton's own conversions;
-    cuda: the CUDA kernel for up to 16 heads (cuda_decode; splits from num_splits / per_sm,
-    tiles of block_n = 16 or 32 entries).
+    cuda: the CUDA kernel (cuda_decode; splits from num_splits / per_sm, tiles of block_n = 16
+    or 32 entries); slim: its build for four blocks per SM (tiles of 16, one tile buffer, two
+    stages of records).
     """
 
     block_h: int
@@ -145,6 +146,7 @@ class Plan:
     private: bool = False
     fast: bool = True
     cuda: bool = False
+    slim: bool = False
 
 
 def _variants(H: int) -> dict:
@@ -176,6 +178,7 @@ def _variants(H: int) -> dict:
         for k in (2, 3)
     }
     cuda["cuda32_x2"] = dataclasses.replace(cuda["cuda_x2"], block_n=32)
+    cuda["cuda_slim_x4"] = dataclasses.replace(cuda["cuda_x2"], slim=True, per_sm=4)
     if H <= 32:
         return small | cuda
     return cuda | {
@@ -245,16 +248,16 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
 
 def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
     """The CUDA kernel's variant for T tokens x H heads where it was the fastest on the H200
-    (benchmarks/RESULTS.md), else None. Tiles of 32 ("cuda32_x2": two blocks per SM) for
-    large decode batches; tiles of 16 in grids of 2 or 3 blocks per SM for small ones and in
-    prefill (three blocks per SM, the records read from L2). Above 16 heads (8 for fp32 q) each
-    block of heads re-reads the records: bf16 q at 17-32 heads in decode, at 33-64 heads only
-    at 8-31 tokens; fp32 q at any head count (the Triton exact path is slower still)."""
+    (benchmarks/RESULTS.md), else None. Up to 8 heads the slim build (four blocks per SM) from
+    128 tokens, prefill included; above, tiles of 32 ("cuda32_x2": two blocks per SM) for
+    large decode batches and tiles of 16 (three blocks per SM, the records read from L2) in
+    prefill; tiles of 16 in grids of 2 or 3 blocks per SM for small batches. Above 16 heads
+    (8 for fp32 q) each block of heads re-reads the records: bf16 q at 17-32 heads in decode,
+    at 33-64 heads only at 8-31 tokens; fp32 q at any head count (the Triton exact path is
+    slower still)."""
     prefill = T >= WORKSPACE_MIN_TOKENS
-    if H <= 8:
-        if prefill:
-            return "cuda_x3"
-        return "cuda32_x2" if T >= 128 else "cuda_x2" if T >= 32 else "cuda_x3"
+    if H <= 8:  # the slim build from 128 tokens (four blocks per SM)
+        return "cuda_slim_x4" if T >= 128 else "cuda_x2" if T >= 32 else "cuda_x3"
     if exact:
         if prefill or T < 32:
             return "cuda_x3"
@@ -333,7 +336,7 @@ def sparse_attention(
 
         return cuda_decode.sparse_attention(
             q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
-            plan.num_splits, plan.per_sm, plan.block_n,
+            plan.num_splits, plan.per_sm, plan.block_n, plan.slim,
         )  # fmt: skip
     if plan.flashmla and T:
         from sglang_dsv41.kernels.sparse_attn import triton_flashmla

@@ -40,17 +40,25 @@ def _resources(cubin: bytes, tmp_path) -> dict:
 
 def _max_regs(defines: tuple) -> int:
     """Tiles of 16: three blocks of 128 threads per SM (168 registers; 128, four blocks, at up
-    to 8 heads in bf16); tiles of 32: two (shared memory allows no more)."""
+    to 8 heads in bf16 and in the slim builds); tiles of 32: two (shared memory allows no
+    more)."""
     if "-DBN=32" in defines:
         return 255
-    return 128 if defines == ("-DNH=1",) else 168
+    if defines == ("-DNH=1",) or "-DMIN_BLOCKS=4" in defines:  # the slim build: four
+        return 128
+    return 168
 
 
 def test_the_builds_are_the_launchers():
     assert cuda_decode.defines_for(8, False) == ("-DNH=1",)
     assert cuda_decode.defines_for(5, True) == ("-DEXACT=1", "-DNH=1")
     assert cuda_decode.defines_for(16, False, 32) == ("-DNH=2", "-DBN=32", "-DSTAGES=2")
-    assert len(set(cuda_decode.BUILDS)) == 6
+    slim = cuda_decode.defines_for(8, True, slim=True)
+    assert slim == ("-DEXACT=1", "-DNH=1", "-DKBUF=1", "-DSTAGES=2", "-DMIN_BLOCKS=4")
+    assert 4 * (cuda_decode.smem_bytes(slim) + 1024) <= 228 * 1024  # four blocks per SM
+    assert len(set(cuda_decode.BUILDS)) == 8
+    with pytest.raises(ValueError, match="slim"):
+        cuda_decode.defines_for(8, False, 32, slim=True)
     with pytest.raises(ValueError, match="tiles of"):
         cuda_decode.defines_for(8, False, 64)
 
@@ -149,7 +157,7 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
 
     # bf16 q (the measured winners, benchmarks/RESULTS.md)
     want = {
-        8: {1: "cuda_x3", 31: "cuda_x3", 32: "cuda_x2", 128: "cuda32_x2", 4096: "cuda_x3"},
+        8: {1: "cuda_x3", 31: "cuda_x3", 32: "cuda_x2", 128: "cuda_slim_x4", 4096: "cuda_slim_x4"},
         16: {7: "triton", 8: "cuda32_x2", 64: "cuda_x2", 256: "cuda32_x2", 4096: "cuda_x3"},
         32: {1: "cuda_x2", 8: "cuda_x2", 32: "cuda32_x2", 256: "cuda32_x2", 1024: "triton"},
         64: {1: "triton", 8: "cuda_x2", 31: "cuda_x2", 32: "triton", 4096: "triton"},
@@ -159,7 +167,7 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
             assert name(T, H) == n, (T, H)
     # fp32 q (the served layer's exact path): the exact mode at every head count
     want_x = {
-        8: {1: "cuda_x3", 64: "cuda_x2", 300: "cuda32_x2", 4096: "cuda_x3"},
+        8: {1: "cuda_x3", 64: "cuda_x2", 300: "cuda_slim_x4", 4096: "cuda_slim_x4"},
         16: {1: "cuda_x3", 64: "cuda32_x2", 256: "cuda32_x2", 4096: "cuda_x3"},
         64: {8: "cuda_x3", 32: "cuda32_x2", 128: "cuda_x2", 4096: "cuda_x3"},
     }
@@ -175,7 +183,8 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     assert tri.plan_for(1024, 8, 512, CPU, False, cuda=False).workspace  # prefill w/o it
     for H in (8, 16, 32, 64):  # every head count has the CUDA variants (the GPU tests run them)
         for exact in (False, True):
-            assert {"cuda_x2", "cuda_x3", "cuda32_x2"} <= set(tri.variants_for(H, exact)), H
+            names = {"cuda_x2", "cuda_x3", "cuda32_x2", "cuda_slim_x4"}
+            assert names <= set(tri.variants_for(H, exact)), H
 
 
 def test_the_source_ships_with_the_package():

@@ -318,6 +318,10 @@ def test_flashmla_route_returns_its_output_without_out():
     assert torch.equal(own, filled)
 
 
+# the CUDA kernel's builds: tiles of 16, of 32, and the slim build (four blocks per SM)
+CUDA_BUILDS = [dict(block_n=16), dict(block_n=32), dict(block_n=16, slim=True)]
+
+
 def _cuda_or_skip():
     from sglang_dsv41.kernels.sparse_attn import cuda_decode
 
@@ -326,17 +330,17 @@ def _cuda_or_skip():
         pytest.skip(f"the CUDA kernel does not run here: {why}")
 
 
-@pytest.mark.parametrize("block_n", [16, 32])
+@pytest.mark.parametrize("build", CUDA_BUILDS)
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 @pytest.mark.parametrize("H", [1, 5, 8, 9, 16, 24, 64])
 @pytest.mark.parametrize("T", [1, 5, 40, 300])
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
-def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, block_n):
+def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, build):
     """The CUDA kernel (cuda_decode) at one and several blocks of heads, tiles of 16 and 32,
     split and unsplit, fp32 and bf16 out; a token that sees only the sink gets zeros."""
     _cuda_or_skip()
     q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
-    launch = dict(cuda=True, num_splits=num_splits, block_n=block_n)
+    launch = dict(cuda=True, num_splits=num_splits, **build)
     out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, **launch)
     if T > 2:
         assert (out[2] == 0).all()
@@ -345,15 +349,15 @@ def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, block_n):
     torch.testing.assert_close(bf.float(), out, rtol=2**-8, atol=1e-5)  # out's rounding only
 
 
-@pytest.mark.parametrize("block_n", [16, 32])
+@pytest.mark.parametrize("build", CUDA_BUILDS)
 @pytest.mark.parametrize("W, TOPK", [(7, 40), (128, 0), (0, 100), (19, 5), (40, 17)])
-def test_cuda_kernel_segment_lengths(W, TOPK, block_n):
+def test_cuda_kernel_segment_lengths(W, TOPK, build):
     """Windows and top-k lists that are no multiple of the kernel's tiles, or empty."""
     _cuda_or_skip()
     q, swa, sw, kv, tk, sink = make_case(40, 8, 512, max(W, 1), max(TOPK, 1), Layout.V41_FP4)
     sw, tk = sw[:, :W].contiguous(), tk[:, :TOPK].contiguous()
     for ns in (None, 1):
-        _check(q, swa, sw, kv, tk, Layout.V41_FP4, sink, cuda=True, num_splits=ns, block_n=block_n)
+        _check(q, swa, sw, kv, tk, Layout.V41_FP4, sink, cuda=True, num_splits=ns, **build)
 
 
 def test_cuda_kernel_graph_capture_and_default_plan():
@@ -391,16 +395,16 @@ def test_cuda_kernel_graph_capture_and_default_plan():
     _check(q, odd, sw, kv, tk, Layout.V41_FP4, sink)
 
 
-@pytest.mark.parametrize("block_n", [16, 32])
+@pytest.mark.parametrize("build", CUDA_BUILDS)
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 @pytest.mark.parametrize("H", [1, 5, 8, 12, 64])
 @pytest.mark.parametrize("T", [1, 40, 300])
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
-def test_cuda_kernel_exact_mode(layout, H, T, num_splits, block_n):
+def test_cuda_kernel_exact_mode(layout, H, T, num_splits, build):
     """fp32 q (the served layer's; at up to 8 heads, TP8, the plan's choice): the CUDA kernel
     with q and P in three exact bf16 parts, in blocks of 8 heads, is the fp32 reference up to
     the order of the sums."""
     _cuda_or_skip()
     assert H > 8 or tri.plan_for(T, H, 512, DEV, True).cuda
-    err = _exact_err(T, H, 512, layout, cuda=True, num_splits=num_splits, block_n=block_n)
+    err = _exact_err(T, H, 512, layout, cuda=True, num_splits=num_splits, **build)
     assert err < EXACT_BOUND
