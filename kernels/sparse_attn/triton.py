@@ -322,6 +322,8 @@ def sparse_attention(
     if unknown:
         raise TypeError(f"sparse_attention: unknown launch options {sorted(unknown)}")
     plan = dataclasses.replace(plan_for(T, H, D, q.device, exact), **launch)
+    if plan.slim and plan.block_n != 16 and "slim" not in launch:  # tiles of 32 asked for
+        plan = dataclasses.replace(plan, slim=False)
     if exact and (plan.flashmla or (plan.skew and not plan.ieee)):
         raise ValueError("fp32 q (the exact path) takes neither the FlashMLA route nor SKEW")
     if plan.cuda and "cuda" not in launch:  # the default plan: Triton where the args don't fit

@@ -192,3 +192,23 @@ def test_the_source_ships_with_the_package():
     with open(os.path.join(root, "pyproject.toml")) as f:
         text = f.read()
     assert re.search(r'^"sglang_dsv41\.kernels\.sparse_attn" = \["\*\.cu"\]', text, re.M)
+
+
+def test_tiles_of_32_over_a_slim_default_drop_slim(monkeypatch):
+    """A launch that asks for tiles of 32 where the default plan is the slim build (tiles of
+    16 only) gets the tiles of 32 build; asking for both is refused by name."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(tri, "_cuda_ok", lambda device: True)
+    assert tri.plan_for(300, 8, 512, CPU, False).slim
+    seen = {}
+
+    def fake(*args):
+        seen["block_n"], seen["slim"] = args[-2], args[-1]
+
+    monkeypatch.setattr(cuda_decode, "sparse_attention", fake)
+    q, swa, sw, kv, tk, fp4 = _args(T=300)
+    tri.sparse_attention(q, swa, sw, kv, tk, fp4, None, 1.0, None, cuda=True, block_n=32)
+    assert seen == {"block_n": 32, "slim": False}
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="slim"):
+        cuda_decode.defines_for(8, False, 32, slim=True)

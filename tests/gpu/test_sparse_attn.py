@@ -319,7 +319,7 @@ def test_flashmla_route_returns_its_output_without_out():
 
 
 # the CUDA kernel's builds: tiles of 16, of 32, and the slim build (four blocks per SM)
-CUDA_BUILDS = [dict(block_n=16), dict(block_n=32), dict(block_n=16, slim=True)]
+CUDA_BUILDS = [dict(block_n=n, slim=s) for n, s in ((16, False), (32, False), (16, True))]
 
 
 def _cuda_or_skip():
