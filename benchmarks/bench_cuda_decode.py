@@ -6,9 +6,10 @@ kernels and FlashMLA, decode only, one GPU (SM90).
 
 Cases, inputs and timer as `bench_attention.py` (decode batch 1 / 8 / 32 / 128 / 256, window
 128 + top-512 V41_FP4 entries, CUDA-graph replays with the L2 flushed): per case FlashMLA's
-64-head decode (bf16), the plan's Triton choice for the shape (the CUDA kernel left out), the CUDA
-kernel with tiles of 16 in grids of 2 and 3 blocks per SM and tiles of 32 in grids of 2, each
-also with every extra build (`--build`: NVRTC options, e.g. another STAGES or MIN_BLOCKS).
+64-head decode (bf16), the plan's Triton choice for the shape (the CUDA kernel left out), and
+each CUDA variant of the plan (`triton.variants_for`: tiles of 16 in grids of 2 and 3 blocks per
+SM, tiles of 32, the slim build), each also with every extra build (`--build`: NVRTC options,
+e.g. another STAGES or MIN_BLOCKS).
 `--exact`: fp32 queries (the served layer's; the CUDA kernel's exact mode, up to 8 heads).
 Prints a table, writes JSON.
 """
@@ -37,12 +38,22 @@ def triton_launch(n: int, H: int, exact: bool) -> dict:
     return dataclasses.asdict(tri.plan_for(n, H, ba.D, ba.DEV, exact, cuda=False))
 
 
-def cuda_fn(n: int, H: int, exact: bool, per_sm: int, build: tuple, block_n: int = 16):
+def cuda_variants(H: int, exact: bool) -> dict:
+    """The plan's CUDA variants at H heads: name -> (per_sm, block_n, slim)."""
+    return {
+        name: (p["per_sm"], p["block_n"], p["slim"])
+        for name, p in tri.variants_for(H, exact).items()
+        if p["cuda"]
+    }
+
+
+def cuda_fn(n: int, H: int, exact: bool, variant: tuple, build: tuple):
+    per_sm, block_n, slim = variant
     q, skv, sink = ba.ours_inputs("decode", n, H, Layout.V41_FP4, exact)
     swa, kv = skv.swa_cache.view(-1, 528), skv.kv_cache.view(-1, 288)
     return lambda: cuda_decode.sparse_attention(
         q, swa, skv.swa_slots, kv, skv.topk_slots, True, sink, ba.D**-0.5, None,
-        per_sm=per_sm, block_n=block_n, defines=build,
+        per_sm=per_sm, block_n=block_n, slim=slim, defines=build,
     )  # fmt: skip
 
 
@@ -69,10 +80,9 @@ def main():
                 ba.ours_fn("decode", n, H, Layout.V41_FP4, launch, args.exact)
             )
             for build in builds:
-                for bn, per_sm in ((16, 2), (16, 3), (32, 2)):
-                    name = f"cuda{'' if bn == 16 else bn}_x{per_sm}"
-                    name += "" if not build else " " + " ".join(build)
-                    row[name] = graph_us(cuda_fn(n, H, args.exact, per_sm, build, bn))
+                for variant, launch in cuda_variants(H, args.exact).items():
+                    name = variant + ("" if not build else " " + " ".join(build))
+                    row[name] = graph_us(cuda_fn(n, H, args.exact, launch, build))
             rows.append(row)
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in row.items()), flush=True)  # fmt: skip
