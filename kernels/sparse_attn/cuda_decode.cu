@@ -360,6 +360,16 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
   for (int i = 0; i < 8; ++i)
 #pragma unroll
     for (int j = 0; j < NH; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+  // scales head tile j of the accumulator: columns 2 tq by a0, 2 tq + 1 by a1
+  auto rescale = [&](int j, float a0, float a1) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      acc[i][j][0] *= a0;
+      acc[i][j][1] *= a1;
+      acc[i][j][2] *= a0;
+      acc[i][j][3] *= a1;
+    }
+  };
   // softmax state of two heads: with ESWAP heads 2 tq, 2 tq + 1 (this lane's accumulator
   // columns; l summed over this lane's entries only), else heads g, g + 8 (rows of S)
   float m_a = -1e30f, m_b = -1e30f, l_a = 0.f, l_b = 0.f;
@@ -565,26 +575,11 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
       if (moved) {  // this lane's accumulator columns are heads 2 tq, 2 tq + 1 (+ 8)
         al_a = __shfl_sync(0xFFFFFFFFu, ra, 8 * tq);
         al_b = __shfl_sync(0xFFFFFFFFu, ra, 8 * tq + 4);
-        const float c0 = __shfl_sync(0xFFFFFFFFu, rb, 8 * tq), c1 = __shfl_sync(0xFFFFFFFFu, rb, 8 * tq + 4);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          acc[i][1][0] *= c0;
-          acc[i][1][1] *= c1;
-          acc[i][1][2] *= c0;
-          acc[i][1][3] *= c1;
-        }
+        rescale(1, __shfl_sync(0xFFFFFFFFu, rb, 8 * tq), __shfl_sync(0xFFFFFFFFu, rb, 8 * tq + 4));
       }
 #endif
     }
-    if (moved) {  // head tile 0: columns 2 tq, 2 tq + 1
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        acc[i][0][0] *= al_a;
-        acc[i][0][1] *= al_b;
-        acc[i][0][2] *= al_a;
-        acc[i][0][3] *= al_b;
-      }
-    }
+    if (moved) rescale(0, al_a, al_b);  // head tile 0: columns 2 tq, 2 tq + 1
     // A = K^T tiles (d on M, entries on K) by ldmatrix.trans of the same 8 x 8 blocks
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
