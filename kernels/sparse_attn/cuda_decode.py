@@ -26,6 +26,7 @@ import os
 import torch
 import triton
 
+from sglang_dsv41.kernels.sparse_attn import merge
 from sglang_dsv41.kernels.sparse_attn.cuda_jit import CudaJitError, Kernel
 
 BN = 16  # entries per tile (the kernel's BN unless a build sets -DBN=32)
@@ -212,5 +213,5 @@ def sparse_attention(
         device_index=index, smem=smem_bytes(defines),
     )  # fmt: skip
     if ns > 1:
-        tri.combine(part, lse, sink, out, attn_sink is not None)
+        merge.combine(part, lse, sink, out, attn_sink is not None)
     return out

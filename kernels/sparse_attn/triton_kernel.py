@@ -23,7 +23,7 @@ Options, each a compile-time switch measured in benchmarks/RESULTS.md:
   of the chained-dot layout (which replicates M = 64 over both warpgroups of 8 warps).
 
 With SPLIT, each program writes its normalized partial output and base-2 log-sum-exp and
-`triton.combine_kernel` merges them with the sink; otherwise the sink is applied here.
+`merge.combine_kernel` merges them with the sink; otherwise the sink is applied here.
 
 Exact path (fp32 q, EXACT3): the records' values are exact in bf16 (e4m3 x 2^k; e2m1 x e4m3,
 at most 6 significant bits), so an fp32 operand split into three bf16 parts x = x1 + x2 + x3

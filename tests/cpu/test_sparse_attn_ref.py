@@ -314,11 +314,11 @@ def test_flashmla_workspace_interpreted(layout, sort, monkeypatch):
 
 @pytest.mark.triton_interpret
 def test_combine_in_column_chunks_interpreted():
-    """The merge of split partials (`triton.combine`) against its formula, with enough splits
+    """The merge of split partials (`merge.combine`) against its formula, with enough splits
     that each program takes a chunk of the columns (20 splits x 512: four chunks of 128), a
     split that saw nothing (lse -inf), a token whose splits all saw nothing, with and without
     the sink."""
-    from sglang_dsv41.kernels.sparse_attn import triton as tri
+    from sglang_dsv41.kernels.sparse_attn import merge
 
     T, NS, H, D = 3, 20, 5, 512
     part = torch.randn(T, NS, H, D)
@@ -327,7 +327,7 @@ def test_combine_in_column_chunks_interpreted():
     lse[2] = float("-inf")
     for sink in (torch.randn(H), None):
         out = torch.full((T, H, D), float("nan"))
-        tri.combine(part, lse, sink if sink is not None else lse, out, sink is not None)
+        merge.combine(part, lse, sink if sink is not None else lse, out, sink is not None)
         s2 = sink * 1.4426950408889634 if sink is not None else torch.full((H,), float("-inf"))
         m = torch.maximum(lse.amax(1), s2).clamp_min(-1e30)  # [T, H]
         w = torch.exp2(lse - m[:, None])
