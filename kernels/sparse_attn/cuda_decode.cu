@@ -4,21 +4,23 @@
 // The math is kernels/sparse_attn/ref.py's (the GPU tests compare the two).
 //
 // One CTA = one query token x one split of its entry list (SWA tiles, then top-k tiles; tiles
-// of BN = 16 or 32 entries) x one group of 8 NH heads (NH = 1: up to 8; 2: 16); 4 warps, warp
-// w owns the head-dim quarter d in [128 w, 128 w + 128):
+// of BN = 16 or 32 entries) x one group of 8 NH heads (NH = 1: up to 8; 2: 16); NW = 4 warps
+// (or 2), warp w owns the head-dim range d in [DQ w, DQ w + DQ), DQ = 512 / NW:
 //  - the records of tile u + STAGES - 1 are requested by cp.async into a per-warp ring while
 //    tile u is computed (each lane stages and reads back only its own bytes);
-//  - each warp dequantizes its quarter of a tile's records into its own shared-memory tile, in
+//  - each warp dequantizes its range of a tile's records into its own shared-memory tile, in
 //    the order of triton_records' PTX (d permuted inside each group of 8: stored positions
 //    0..7 hold d 0 2 4 6 1 3 5 7), as the values x 2^-8 (FAST_FACTOR);
-//  - its logits over the quarter (mma m16n8k16), q's quarter held in registers (loaded in the
+//  - its logits over the range (mma m16n8k16), q's range held in registers (loaded in the
 //    same permuted order), the tile by ldmatrix: with NH = 1 transposed (entries on M, the 8
 //    heads on N), with NH = 2 the 16 heads on M;
-//  - the four partial logits are summed through shared memory (one block barrier a tile), every
+//  - the NW partial logits are summed through shared memory (one block barrier a tile), every
 //    warp runs the same online softmax (base 2), rescaling its accumulator only when a maximum
-//    moved, and adds P V over its quarter with d on M and heads on N: A = K^T by
+//    moved, and adds P V over its range with d on M and heads on N: A = K^T by
 //    ldmatrix.trans, B = P^T from the logits' registers (transposed by movmatrix when NH = 1);
-//    its accumulator is 128 d x 8 NH heads, fp32.
+//    its accumulator is DQ d x 8 NH heads, fp32.
+// NW = 2 halves the per-tile work that every warp repeats (index loads, softmax, barrier) at
+// twice the accumulator and dequantization per warp: faster in prefill at up to 8 heads.
 // EXACT (fp32 q, NH = 1): q and P are split into three exact bf16 parts and each product is
 // three MMAs, the small parts first (the Triton exact path's arithmetic).
 // Output: fp32 partials (normalized, with base-2 log-sum-exps) for the merge kernel, or, with
@@ -32,8 +34,15 @@ typedef unsigned char u8;
 #define BN 16  // entries per tile: 16 or 32
 #endif
 #define ET (BN / 16)  // 16-entry sub-tiles of a tile
-#define DQ 128
-#define ROW 136  // shared tile row: 128 bf16 + 16 B of padding (ldmatrix rows on distinct banks)
+#ifndef NW
+#define NW 4  // warps per block, each owning DQ = 512 / NW of the head dimension (4 or 2)
+#endif
+#if NW != 4 && NW != 2
+#error "NW is 4 (quarters of the head dimension) or 2 (halves)"
+#endif
+#define DQ (512 / NW)
+#define KS (DQ / 16)  // 16-wide steps of a warp's d range (k-steps of the logits, m-tiles of P V)
+#define ROW (DQ + 8)  // shared tile row: DQ bf16 + 16 B of padding (ldmatrix rows on distinct banks)
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 sel) {
   u32 d;
@@ -166,45 +175,64 @@ __device__ __forceinline__ void cp8(void* dst, const void* src, int n) {
 // The staging ring of one warp for one tile: chunk i of every lane side by side (16 B a lane,
 // so each cp.async and each read-back of the warp is one conflict-free 512 B row), and each
 // lane's scale bytes (8 B a lane).
+#define NCH (DQ / 32)  // 16 B chunks of a lane (V41; V41_FP4 uses the first half)
+#if NW == 4
+typedef uint2 ScaleWords;  // a lane's scale bytes: V41 4, V41_FP4 8
+#else
+typedef uint4 ScaleWords;  // V41 8, V41_FP4 16
+#endif
 struct Raw {
-  uint4 v[4][32];  // [chunk][lane]
-  uint2 s[32];     // [lane]
+  uint4 v[NCH][32];  // [chunk][lane]
+  ScaleWords s[32];  // [lane]
 };
 
 // Request the record bytes lane (e, hh) dequantizes, e = lane % 16 the entry of the tile: in
-// the warp's quarter, chunk i of 16 B at 32 i + 16 hh (the two lanes of an entry read whole
-// 32 B sectors together). fmt 0 = V41 (528 B; 4 chunks = 64 e4m3 values; scale bytes at 512 +
-// 4 warp, one UE8M0 per 32 values: byte i for chunk i), 1 = V41_FP4 (288 B; 2 chunks = 64 e2m1
-// values; scale bytes at 256 + 8 warp, one e4m3 per 16 values: bytes 2 hh, 2 hh + 1 of word i
-// for chunk i). Zeros for slot -1.
+// the warp's d range, chunk i of 16 B at 32 i + 16 hh (the two lanes of an entry read whole
+// 32 B sectors together). fmt 0 = V41 (528 B; NCH chunks = DQ / 2 e4m3 values; DQ / 32 scale
+// bytes at 512 + DQ / 32 warp, one UE8M0 per 32 values: byte i for chunk i), 1 = V41_FP4 (288
+// B; NCH / 2 chunks = DQ / 2 e2m1 values; DQ / 16 scale bytes at 256 + DQ / 16 warp, one e4m3
+// per 16 values: bytes 2 hh, 2 hh + 1 of word i for chunk i). Zeros for slot -1.
 __device__ __forceinline__ void issue_raw(Raw& r, int lane, const u8* base, int slot, int fmt,
                                           int warp, int hh) {
   const int n = slot >= 0 ? 16 : 0;
   const u8* rec = base + (long long)(slot >= 0 ? slot : 0) * (fmt ? 288 : 528);
   if (fmt) {
-    const u8* pv = rec + 64 * warp + 16 * hh;
-    cp16(&r.v[0][lane], pv, n);
-    cp16(&r.v[1][lane], pv + 32, n);
-    cp8(&r.s[lane], rec + 256 + 8 * warp, slot >= 0 ? 8 : 0);
-  } else {
-    const u8* pv = rec + 128 * warp + 16 * hh;
+    const u8* pv = rec + DQ / 2 * warp + 16 * hh;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cp16(&r.v[i][lane], pv + 32 * i, n);
+    for (int i = 0; i < NCH / 2; ++i) cp16(&r.v[i][lane], pv + 32 * i, n);
+#if NW == 4
+    cp8(&r.s[lane], rec + 256 + 8 * warp, slot >= 0 ? 8 : 0);
+#else
+    cp16(&r.s[lane], rec + 256 + 16 * warp, n);
+#endif
+  } else {
+    const u8* pv = rec + DQ * warp + 16 * hh;
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) cp16(&r.v[i][lane], pv + 32 * i, n);
+#if NW == 4
     cp4(&r.s[lane], rec + 512 + 4 * warp, slot >= 0 ? 4 : 0);
+#else
+    cp8(&r.s[lane], rec + 512 + 8 * warp, slot >= 0 ? 8 : 0);
+#endif
   }
 }
 
 // Dequantize lane (e, hh)'s staged values into row e of the warp's tile: chunk i holds the
-// quarter's values 32 i + 16 hh .. + 15 (V41) or 64 i + 32 hh .. + 31 (FP4).
+// warp's values 32 i + 16 hh .. + 15 (V41) or 64 i + 32 hh .. + 31 (FP4).
 __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, int fmt, int e,
                                            int hh) {
-  const uint2 sc = r.s[lane];
+  const ScaleWords scw = r.s[lane];
+#if NW == 4
+  const u32 sc[2] = {scw.x, scw.y};
+#else
+  const u32 sc[4] = {scw.x, scw.y, scw.z, scw.w};
+#endif
   if (fmt) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < NCH / 2; ++i) {
       const uint4 a = r.v[i][lane];
       u32 m0, m1;
-      fp4_mults((i ? sc.y : sc.x) >> (16 * hh), m0, m1);
+      fp4_mults(sc[i] >> (16 * hh), m0, m1);
       uint4* dst = (uint4*)(tile + e * ROW + 64 * i + 32 * hh);
       dst[0] = fp4_word(a.x, m0);
       dst[1] = fp4_word(a.y, m0);
@@ -213,9 +241,9 @@ __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, in
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < NCH; ++i) {
       const uint4 a = r.v[i][lane];
-      const u32 m = v41_mult((sc.x >> (8 * i)) & 0xFFu);
+      const u32 m = v41_mult((sc[i >> 2] >> (8 * (i & 3))) & 0xFFu);
       uint4* dst = (uint4*)(tile + e * ROW + 32 * i + 16 * hh);
       dst[0] = e4m3_words(a.x, a.y, m);
       dst[1] = e4m3_words(a.z, a.w, m);
@@ -231,6 +259,9 @@ __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, in
 #endif
 #ifndef EXACT
 #define EXACT 0  // 1: fp32 q and P, each split into three exact bf16 parts (NH = 1 only)
+#endif
+#ifndef PDL
+#define PDL 1  // let the merge kernel launch once this block's tiles are done (SM90)
 #endif
 #define QP (EXACT ? 3 : 1)  // bf16 parts of q and P
 #ifndef QK_CHAINS
@@ -250,7 +281,7 @@ __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, in
 // stored position -> d inside a group of 8 (the dequantization's order 0 2 4 6 1 3 5 7)
 #define PERM8(p) ((((p) & 3) << 1) | ((p) >> 2))
 
-extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
+extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS) sparse_decode_h16(
     const void* __restrict__ q, long long stride_qt, long long stride_qh,
     const u8* __restrict__ swa, const int* __restrict__ swa_idx, long long stride_swt,
     const u8* __restrict__ kv, const int* __restrict__ kv_idx, long long stride_kvt, int kv_fp4,
@@ -259,11 +290,11 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     int out_kind, int H_all, int W, int TOPK, int num_splits, float qk_scale) {
   // out_kind: 0 = fp32 partials part [T, NS, H, D] + lse [T, NS, H]; 1 = bf16 out; 2 = fp32 out
   extern __shared__ __align__(16) unsigned char smem[];  // SMEM_BYTES(STAGES), cuda_decode.py
-  // [KBUF][warp] dequantized tiles, [2][warp] logit fragments, [STAGES][warp][ET] staging
-  u16(*ktile)[4][BN * ROW] = (u16(*)[4][BN * ROW])smem;
-  unsigned char* p_red = smem + KBUF * 4 * BN * ROW * 2;
-  float4(*red)[4][2 * ET][32] = (float4(*)[4][2 * ET][32])p_red;
-  Raw(*raw)[4][ET] = (Raw(*)[4][ET])(p_red + 2 * 4 * 2 * ET * 32 * 16);
+  // [KBUF][warp] dequantized tiles, [2][warp][RED_N] logit fragments, [STAGES][warp][ET] staging
+  u16(*ktile)[NW][BN * ROW] = (u16(*)[NW][BN * ROW])smem;
+  unsigned char* p_red = smem + KBUF * NW * BN * ROW * 2;
+  float4(*red)[NW][RED_N][32] = (float4(*)[NW][RED_N][32])p_red;
+  Raw(*raw)[NW][ET] = (Raw(*)[NW][ET])(p_red + 2 * NW * RED_N * 32 * 16);
   const int t = blockIdx.x, split = blockIdx.y;
   // this block's heads: group blockIdx.z of 8 NH heads (H of them), q / sink / out from there
   const int hg0 = 8 * NH * blockIdx.z, H = min(8 * NH, H_all - hg0);
@@ -278,20 +309,27 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
   // this lane's ldmatrix row in a tile, for both products: matrix lane / 8 of the x4 load is
   // entries 0-7 or 8-15 (bit 1) x d 0-7 or 8-15 of a 16-wide step (bit 0), row lane % 8
   const int ld_off = ((lane & 7) + 8 * ((lane >> 4) & 1)) * ROW + 8 * ((lane >> 3) & 1);
+#if ESWAP
+  // the logits' loads with ESWAP: the tile as the A operand (entries on M), matrices in A's
+  // register order (entries 0-7 / 8-15 by bit 0 of lane / 8, d 0-7 / 8-15 by bit 1)
+  const int ld_qk = ((lane & 7) + 8 * ((lane >> 3) & 1)) * ROW + 8 * ((lane >> 4) & 1);
+#else
+  const int ld_qk = ld_off;
+#endif
   // d offsets inside a group of 8 of this lane's fragment columns 2 tq, 2 tq + 1
   const int dlo = (tq & 1) * 4 + (tq >> 1), dhi = dlo + 2;  // positions 0..7 -> 0 2 4 6 1 3 5 7
 
-  // q's quarter as fragments of 8 k-steps of 16 positions, zero for heads beyond H: with
-  // ESWAP B fragments (head g; positions 2 tq, 2 tq + 1 and 8 + those), else A fragments
-  // (heads g and g + 8 on M)
+  // q over the warp's d range as fragments of KS k-steps of 16 positions, zero for heads beyond
+  // H: with ESWAP B fragments (head g; positions 2 tq, 2 tq + 1 and 8 + those), else A
+  // fragments (heads g and g + 8 on M)
 #if ESWAP
-  u32 qa[QP][8][2];  // [part][k-step][k half]
+  u32 qa[QP][KS][2];  // [part][k-step][k half]
 #else
-  u32 qa[QP][8][4];  // [part][k-step]
+  u32 qa[QP][KS][4];  // [part][k-step]
 #endif
   {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+    for (int kk = 0; kk < KS; ++kk) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const long long d0 = DQ * warp + 16 * kk + 8 * half;
@@ -353,17 +391,17 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     }
   };
 
-  // O^T over the quarter: 8 tiles of 16 d (M) x NH tiles of 8 heads (N); c0, c1 = (d = g,
-  // heads 2 tq, 2 tq + 1), c2, c3 = (d = g + 8, same heads)
-  float acc[8][NH][4];
+  // O^T over the warp's d range: KS tiles of 16 d (M) x NH tiles of 8 heads (N); c0, c1 = (d =
+  // g, heads 2 tq, 2 tq + 1), c2, c3 = (d = g + 8, same heads)
+  float acc[KS][NH][4];
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < KS; ++i)
 #pragma unroll
     for (int j = 0; j < NH; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
   // scales head tile j of the accumulator: columns 2 tq by a0, 2 tq + 1 by a1
   auto rescale = [&](int j, float a0, float a1) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < KS; ++i) {
       acc[i][j][0] *= a0;
       acc[i][j][1] *= a1;
       acc[i][j][2] *= a0;
@@ -417,7 +455,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     u16* tile = ktile[(u - u0) % KBUF][warp];
     issue(u + STAGES - 1, slots[STAGES - 1]);  // into the stage tile u - 1 used
 
-    // partial logits over the quarter, QK_CHAINS independent accumulators (k-steps
+    // partial logits over the warp's d range, QK_CHAINS independent accumulators (k-steps
     // interleaved) summed at the end. ESWAP: S^T[16 entries, 8 heads] per 16 entries et in
     // s[et] (c0, c1 = entry g, heads 2 tq, 2 tq + 1; c2, c3 = entry g + 8); else S[16 heads,
     // 8 entries] in s[2 et] (entries 0-7 of the 16) and s[2 et + 1] (8-15)
@@ -429,16 +467,15 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
 #pragma unroll
         for (int r = 0; r < RED_N; ++r) ch[i][r][0] = ch[i][r][1] = ch[i][r][2] = ch[i][r][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
+      for (int kk = 0; kk < KS; ++kk) {
 #pragma unroll
         for (int et = 0; et < ET; ++et) {
           u32 b[4];
-          ldsm_x4(b, tile + 16 * et * ROW + ld_off + 16 * kk);
+          ldsm_x4(b, tile + 16 * et * ROW + ld_qk + 16 * kk);
 #if ESWAP
-          const u32 a[4] = {b[0], b[2], b[1], b[3]};  // the tile as A: entries 0-7 / 8-15 on M
 #pragma unroll
-          for (int c = QP - 1; c >= 0; --c)  // the small parts first
-            mma16816(ch[kk % QK_CHAINS][et], a, qa[c][kk][0], qa[c][kk][1]);
+          for (int c = QP - 1; c >= 0; --c)  // the small parts first; b is the tile as A
+            mma16816(ch[kk % QK_CHAINS][et], b, qa[c][kk][0], qa[c][kk][1]);
 #else
 #pragma unroll
           for (int c = QP - 1; c >= 0; --c) {
@@ -482,7 +519,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
 #pragma unroll
       for (int i = 0; i < RED_N * 4; ++i) x[i] = 0.f;
 #pragma unroll
-      for (int w = 0; w < 4; ++w)
+      for (int w = 0; w < NW; ++w)
 #pragma unroll
         for (int r = 0; r < RED_N; ++r) {
           const float4 v = red[buf][w][r][lane];
@@ -582,7 +619,7 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     if (moved) rescale(0, al_a, al_b);  // head tile 0: columns 2 tq, 2 tq + 1
     // A = K^T tiles (d on M, entries on K) by ldmatrix.trans of the same 8 x 8 blocks
 #pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
+    for (int mt = 0; mt < KS; ++mt) {
 #pragma unroll
       for (int et = 0; et < ET; ++et) {
         u32 a[4];
@@ -606,6 +643,10 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
     valid_cur = valid_next;
   }
 
+#if PDL
+  // the merge (a programmatic dependent launch) may start; it waits for this grid to finish
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
   // per head: the output factor (with the sink, or 1 / l for a partial) and the partial's lse
   const float ninf = -__int_as_float(0x7F800000);
 #if ESWAP
@@ -654,10 +695,10 @@ extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) sparse_decode_h16(
 #endif
     const int h0 = 8 * j + 2 * tq, h1 = h0 + 1;
 #pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
+    for (int mt = 0; mt < KS; ++mt) {
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        const int pos = 16 * mt + g + 8 * rr;  // stored position in the quarter
+        const int pos = 16 * mt + g + 8 * rr;  // stored position in the warp's d range
         const int d = DQ * warp + (pos & ~7) + PERM8(pos & 7);
         const float v0 = acc[mt][j][2 * rr] * f0, v1 = acc[mt][j][2 * rr + 1] * f1;
         if (out_kind == 0) {

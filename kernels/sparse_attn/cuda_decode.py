@@ -52,15 +52,25 @@ def _option(defines: tuple, name: str, default: int) -> int:
     return default
 
 
+def warps(defines: tuple = ()) -> int:
+    """Warps per block (NW): 4 (each a quarter of the head dimension) unless the build says 2."""
+    return _option(defines, "NW", 4)
+
+
 def smem_bytes(defines: tuple = ()) -> int:
-    """The kernel's dynamic shared memory for a build: per warp KBUF dequantized tiles of BN
-    rows of 272 B, two buffers of logit fragments (2 KB per 16 entries), and per stage of the
-    record ring 2304 B per 16 entries (defaults BN 16, KBUF 2 at BN 16 else 1, STAGES 3)."""
+    """The kernel's dynamic shared memory for a build: per warp (NW of them, each owning DQ =
+    512 / NW of the head dimension) KBUF dequantized tiles of BN rows of 2 DQ + 16 B, two
+    buffers of logit fragments (512 B per 16 entries and tile of 8 heads), and per stage of
+    the record ring, per 16 entries, DQ / 32 chunks of 512 B and the scale words (256 B at NW
+    4, 512 B at NW 2) (defaults NW 4, NH 2, BN 16, KBUF 2 at BN 16 else 1, STAGES 3)."""
+    nw, nh = warps(defines), _option(defines, "NH", 2)
     bn = _option(defines, "BN", BN)
     kbuf = _option(defines, "KBUF", 2 if bn == 16 else 1)
     stages = _option(defines, "STAGES", 3)
-    et = bn // 16
-    return 4 * kbuf * bn * 272 + 8192 * et + 9216 * et * stages
+    et, dq = bn // 16, D // nw
+    raw = dq // 32 * 512 + 32 * (8 if nw == 4 else 16)
+    red = 2 * (et if nh == 1 else 2 * et) * 512  # two buffers of RED_N float4 per lane
+    return nw * (kbuf * bn * (2 * dq + 16) + red + stages * et * raw)
 
 
 STAGES = {16: 3, 32: 2}  # tiles of records in flight per tile size (the fastest on the H200)
@@ -72,30 +82,41 @@ def group_heads(H: int, exact: bool) -> int:
     return GROUP_EXACT_HEADS if exact or H <= 8 else GROUP_HEADS
 
 
-def defines_for(H: int, exact: bool, block_n: int = BN, slim: bool = False) -> tuple:
+def defines_for(
+    H: int, exact: bool, block_n: int = BN, slim: bool = False, half: bool = False
+) -> tuple:
     """The NVRTC options of the build for H heads (NH tiles of 8 in P V), fp32 q (`exact`)
     and tiles of block_n (16 or 32) entries; `slim` (tiles of 16): one tile buffer and two
-    stages of records, 44 KB of shared memory, sized for four blocks per SM at 8 heads a block
-    (three at 16)."""
-    if block_n not in STAGES or (slim and block_n != BN):
+    stages of records, 40 KB of shared memory, sized for four blocks per SM at 8 heads a block
+    (three at 16); `half` (tiles of 16, blocks of 8 heads): two warps a block, each half of the
+    head dimension, one tile buffer and two stages, sized for five blocks per SM (four with
+    fp32 q)."""
+    if block_n not in STAGES or ((slim or half) and block_n != BN):
         raise ValueError(
-            f"the CUDA kernel takes tiles of {sorted(STAGES)} entries (slim: {BN}), not {block_n}"
+            f"the CUDA kernel takes tiles of {sorted(STAGES)} entries (slim, half: {BN}), "
+            f"not {block_n}"
         )
     nh = group_heads(H, exact) // 8
+    if half and (slim or nh != 1):
+        raise ValueError(
+            f"the half build takes blocks of 8 heads and not slim (H = {H}, slim = {slim})"
+        )
     d = ("-DEXACT=1",) if exact else ()
     d += (f"-DNH={nh}",)
     if block_n != BN:
         d += (f"-DBN={block_n}", f"-DSTAGES={STAGES[block_n]}")
     if slim:
         d += ("-DKBUF=1", "-DSTAGES=2", f"-DMIN_BLOCKS={4 if nh == 1 else 3}")
+    if half:
+        d += ("-DNW=2", "-DKBUF=1", "-DSTAGES=2", f"-DMIN_BLOCKS={4 if exact else 5}")
     return d
 
 
 # The builds the plan uses (sparse_attention): blocks of 8 / 16 bf16 heads and of 8 fp32 heads,
-# tiles of 16 and 32, and the slim build for blocks of 8 heads.
+# tiles of 16 and 32, and the slim and half builds for blocks of 8 heads.
 BUILDS = tuple(
     defines_for(H, exact, bn) for H, exact in ((8, False), (16, False), (8, True)) for bn in STAGES
-) + (defines_for(8, False, slim=True), defines_for(8, True, slim=True))
+) + tuple(defines_for(8, x, **{k: True}) for k in ("slim", "half") for x in (False, True))
 _PROBES: dict[int, str | None] = {}  # device index -> None (all builds load) or why not
 
 
@@ -164,13 +185,14 @@ def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, out=No
 def sparse_attention(
     q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink, scale: float, out,
     out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, block_n: int = BN,
-    slim: bool = False, defines: tuple = (),
+    slim: bool = False, half: bool = False, defines: tuple = (),
 ):  # fmt: skip
-    """Launch over T tokens (grid T x splits of 128 threads); arguments as
+    """Launch over T tokens (grid T x splits x head groups of 32 NW threads); arguments as
     `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm` times;
     block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax steps
-    per entry); slim: the build for four blocks per SM (`defines_for`); defines: extra NVRTC
-    options (benchmarks)."""
+    per entry); slim, half: the builds for four / five blocks per SM (`defines_for`); defines:
+    extra NVRTC options (benchmarks). The merge of the splits is a programmatic dependent
+    launch (`merge.combine`, pdl) unless defines say -DPDL=0."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
     T, H, _ = q.shape
@@ -180,7 +202,7 @@ def sparse_attention(
     if T == 0:
         return out
     W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
-    defines = (*defines_for(H, q.dtype == torch.float32, block_n, slim), *defines)
+    defines = (*defines_for(H, q.dtype == torch.float32, block_n, slim, half), *defines)
     bn = _option(defines, "BN", BN)
     n_tiles = triton.cdiv(W, bn) + triton.cdiv(TOPK, bn)
     groups = triton.cdiv(H, group_heads(H, q.dtype == torch.float32))
@@ -209,9 +231,17 @@ def sparse_attention(
     ]  # fmt: skip
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     kernel(defines)(
-        (T, ns, groups), (128,), args, stream=torch.cuda.current_stream(dev).cuda_stream,
-        device_index=index, smem=smem_bytes(defines),
+        (T, ns, groups), (32 * warps(defines),), args,
+        stream=torch.cuda.current_stream(dev).cuda_stream, device_index=index,
+        smem=smem_bytes(defines),
     )  # fmt: skip
     if ns > 1:
-        merge.combine(part, lse, sink, out, attn_sink is not None)
+        merge.combine(
+            part,
+            lse,
+            sink,
+            out,
+            attn_sink is not None,
+            pdl=_option(defines, "PDL", 1) == 1 and merge.gdc_wait is not None,
+        )
     return out

@@ -8,6 +8,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+try:  # Triton >= 3.4: grid dependency control (programmatic dependent launch)
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:  # pragma: no cover - older Triton: combine(pdl=True) is refused
+    gdc_wait = None
+
 
 @triton.jit(do_not_specialize=["H", "num_splits"])
 def combine_kernel(
@@ -23,9 +28,13 @@ def combine_kernel(
     NS_P2: tl.constexpr,
     HAS_SINK: tl.constexpr,
     DC: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """o[t, h, d] = sum_s 2^lse_s part_s / (sum_s 2^lse_s + e^sink[h]); grid (T, H, D / DC),
-    each program DC columns."""
+    each program DC columns. PDL: launched as a programmatic dependent of the kernel that wrote
+    the partials (SM90+), which it waits for before reading them."""
+    if PDL:
+        gdc_wait()
     i_t = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     o_s = tl.arange(0, NS_P2)
@@ -45,14 +54,17 @@ def combine_kernel(
     tl.store(o_ptr + i_t * stride_ot + i_h * stride_oh + o_d, o.to(o_ptr.dtype.element_ty))
 
 
-def combine(part, lse, sink, out, has_sink: bool) -> None:
+def combine(part, lse, sink, out, has_sink: bool, pdl: bool = False) -> None:
     """Merge the splits' partials part [T, NS, H, D] and lse [T, NS, H] into out [T, H, D]
     (`combine_kernel`); programs of at most 4096 partial values each, so that a few tokens
-    with many splits still spread over the GPU."""
+    with many splits still spread over the GPU. pdl (SM90+ only): launched as a programmatic
+    dependent launch, so that its programs start while the kernel before it drains."""
+    if pdl and gdc_wait is None:
+        raise ValueError("pdl needs Triton >= 3.4 (triton.language.extra.cuda.gdc_wait)")
     T, ns, H, D = part.shape
     ns_p2 = triton.next_power_of_2(ns)
     dc = min(D, max(32, 4096 // ns_p2))
     combine_kernel[(T, H, triton.cdiv(D, dc))](
         part, lse, sink, out, out.stride(0), out.stride(1), H, ns,
-        D=D, NS_P2=ns_p2, HAS_SINK=has_sink, DC=dc, num_warps=4,
+        D=D, NS_P2=ns_p2, HAS_SINK=has_sink, DC=dc, PDL=pdl, num_warps=4, launch_pdl=pdl,
     )  # fmt: skip

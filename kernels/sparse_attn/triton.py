@@ -79,7 +79,8 @@ class Plan:
     programs, or 32 with the entries on M; bf16 q); False keeps Triton's own conversions;
     cuda: the CUDA kernel (cuda_decode; splits from num_splits / per_sm, tiles of block_n = 16
     or 32 entries); slim: its build for four blocks per SM (tiles of 16, one tile buffer, two
-    stages of records).
+    stages of records); half: its build with two warps a block, each half of the head
+    dimension (tiles of 16, one tile buffer, two stages; at most 8 heads a block).
     """
 
     block_h: int
@@ -98,6 +99,7 @@ class Plan:
     fast: bool = True
     cuda: bool = False
     slim: bool = False
+    half: bool = False
 
 
 def _variants(H: int) -> dict:
@@ -130,6 +132,9 @@ def _variants(H: int) -> dict:
     }
     cuda["cuda32_x2"] = dataclasses.replace(cuda["cuda_x2"], block_n=32)
     cuda["cuda_slim_x4"] = dataclasses.replace(cuda["cuda_x2"], slim=True, per_sm=4)
+    if H <= 8:  # two warps a block (blocks of 8 heads): five blocks per SM, four with fp32 q
+        for k in (4, 5):
+            cuda[f"cuda_half_x{k}"] = dataclasses.replace(cuda["cuda_x2"], half=True, per_sm=k)
     if H <= 32:
         return small | cuda
     return cuda | {
@@ -150,7 +155,7 @@ def _exact_variants(H: int) -> dict:
     32 or 64 heads per program need more than the SM's 227 KB of shared memory), no FlashMLA
     (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
     the three-part split), and the CUDA kernel's exact mode (blocks of 8 heads)."""
-    v = {k: p for k, p in _variants(16).items() if not (p.flashmla or p.skew)}
+    v = {k: p for k, p in _variants(min(H, 16)).items() if not (p.flashmla or p.skew)}
     v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
     return v
 
@@ -200,14 +205,17 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
 def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
     """The CUDA kernel's variant for T tokens x H heads where it was the fastest on the H200
     (benchmarks/RESULTS.md), else None. Up to 8 heads the slim build (four blocks per SM) from
-    128 tokens, prefill included; above, tiles of 32 ("cuda32_x2": two blocks per SM) for
+    128 tokens, in prefill the build with two warps a block (five blocks per SM, four with
+    fp32 q); above, tiles of 32 ("cuda32_x2": two blocks per SM) for
     large decode batches and tiles of 16 (three blocks per SM, the records read from L2) in
     prefill; tiles of 16 in grids of 2 or 3 blocks per SM for small batches. Above 16 heads
     (8 for fp32 q) each block of heads re-reads the records: bf16 q at 17-32 heads in decode,
     at 33-64 heads only at 8-31 tokens; fp32 q at any head count (the Triton exact path is
     slower still)."""
     prefill = T >= WORKSPACE_MIN_TOKENS
-    if H <= 8:  # the slim build from 128 tokens (four blocks per SM)
+    if H <= 8:
+        if prefill:
+            return "cuda_half_x4" if exact else "cuda_half_x5"
         return "cuda_slim_x4" if T >= 128 else "cuda_x2" if T >= 32 else "cuda_x3"
     if exact:
         if prefill or T < 32:
@@ -273,8 +281,10 @@ def sparse_attention(
     if unknown:
         raise TypeError(f"sparse_attention: unknown launch options {sorted(unknown)}")
     plan = dataclasses.replace(plan_for(T, H, D, q.device, exact), **launch)
-    if plan.slim and plan.block_n != 16 and "slim" not in launch:  # tiles of 32 asked for
-        plan = dataclasses.replace(plan, slim=False)
+    if plan.block_n != 16:  # tiles of 32 asked for: not the slim or half build unless asked
+        plan = dataclasses.replace(
+            plan, slim=plan.slim and "slim" in launch, half=plan.half and "half" in launch
+        )
     if exact and (plan.flashmla or (plan.skew and not plan.ieee)):
         raise ValueError("fp32 q (the exact path) takes neither the FlashMLA route nor SKEW")
     if plan.cuda and "cuda" not in launch:  # the default plan: Triton where the args don't fit
@@ -289,7 +299,7 @@ def sparse_attention(
 
         return cuda_decode.sparse_attention(
             q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
-            plan.num_splits, plan.per_sm, plan.block_n, plan.slim,
+            plan.num_splits, plan.per_sm, plan.block_n, plan.slim, plan.half,
         )  # fmt: skip
     if plan.flashmla and T:
         from sglang_dsv41.kernels.sparse_attn import triton_flashmla

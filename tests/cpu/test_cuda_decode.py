@@ -41,9 +41,12 @@ def _resources(cubin: bytes, tmp_path) -> dict:
 def _max_regs(defines: tuple) -> int:
     """Tiles of 16: three blocks of 128 threads per SM (168 registers; 128, four blocks, at up
     to 8 heads in bf16 and in the slim builds); tiles of 32: two (shared memory allows no
-    more)."""
+    more); the half builds (blocks of 64 threads): five (204) in bf16, four (255) with fp32
+    q."""
     if "-DBN=32" in defines:
         return 255
+    if "-DNW=2" in defines:
+        return 65536 // (64 * cuda_decode._option(defines, "MIN_BLOCKS", 0)) // 8 * 8 - 1
     if defines == ("-DNH=1",) or "-DMIN_BLOCKS=4" in defines:  # the slim build: four
         return 128
     return 168
@@ -56,9 +59,18 @@ def test_the_builds_are_the_launchers():
     slim = cuda_decode.defines_for(8, True, slim=True)
     assert slim == ("-DEXACT=1", "-DNH=1", "-DKBUF=1", "-DSTAGES=2", "-DMIN_BLOCKS=4")
     assert 4 * (cuda_decode.smem_bytes(slim) + 1024) <= 228 * 1024  # four blocks per SM
-    assert len(set(cuda_decode.BUILDS)) == 8
+    half = cuda_decode.defines_for(8, False, half=True)
+    assert half == ("-DNH=1", "-DNW=2", "-DKBUF=1", "-DSTAGES=2", "-DMIN_BLOCKS=5")
+    assert cuda_decode.warps(half) == 2 and cuda_decode.warps(slim) == 4
+    assert 5 * (cuda_decode.smem_bytes(half) + 1024) <= 228 * 1024  # five blocks per SM
+    assert "-DMIN_BLOCKS=4" in cuda_decode.defines_for(3, True, half=True)
+    assert len(set(cuda_decode.BUILDS)) == 10
     with pytest.raises(ValueError, match="slim"):
         cuda_decode.defines_for(8, False, 32, slim=True)
+    with pytest.raises(ValueError, match="half"):
+        cuda_decode.defines_for(16, False, half=True)  # blocks of 16 heads
+    with pytest.raises(ValueError, match="half"):
+        cuda_decode.defines_for(8, False, slim=True, half=True)
     with pytest.raises(ValueError, match="tiles of"):
         cuda_decode.defines_for(8, False, 64)
 
@@ -133,15 +145,20 @@ def test_the_argument_contract():
 
 
 def test_shared_memory_per_build():
-    """Tiles of 16: two buffers of 4 warps x 16 rows of 272 B, logits 8 KB, 9 KB a stage;
-    three blocks fit an SM (228 KB, 1 KB reserved per block). Tiles of 32: one buffer, twice
-    the logits and stages; two blocks."""
+    """Tiles of 16: two buffers of 4 warps x 16 rows of 272 B, logits 8 KB at 16 heads (4 KB
+    at 8: one float4 per lane and warp), 9 KB a stage; three blocks fit an SM (228 KB, 1 KB
+    reserved per block). Tiles of 32: one buffer, twice the logits and stages; two blocks.
+    Two warps (half): rows of 528 B, 18 KB a stage of 16 records (V41: 256 B of a record per
+    warp)."""
     assert cuda_decode.smem_bytes() == 34816 + 8192 + 3 * 9216
+    assert cuda_decode.smem_bytes(("-DNH=1",)) == 34816 + 4096 + 3 * 9216
     assert cuda_decode.smem_bytes(("-DSTAGES=4",)) - cuda_decode.smem_bytes() == 9216
     assert 3 * (cuda_decode.smem_bytes() + 1024) <= 228 * 1024
-    b32 = cuda_decode.defines_for(8, False, 32)
+    b32 = cuda_decode.defines_for(16, False, 32)
     assert cuda_decode.smem_bytes(b32) == 34816 + 16384 + 2 * 18432
     assert 2 * (cuda_decode.smem_bytes(b32) + 1024) <= 228 * 1024
+    half = cuda_decode.defines_for(8, False, half=True)
+    assert cuda_decode.smem_bytes(half) == 2 * 16 * 528 + 2048 + 2 * 2 * (8 * 512 + 512)
 
 
 def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
@@ -157,7 +174,7 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
 
     # bf16 q (the measured winners, benchmarks/RESULTS.md)
     want = {
-        8: {1: "cuda_x3", 31: "cuda_x3", 32: "cuda_x2", 128: "cuda_slim_x4", 4096: "cuda_slim_x4"},
+        8: {1: "cuda_x3", 31: "cuda_x3", 32: "cuda_x2", 128: "cuda_slim_x4", 4096: "cuda_half_x5"},
         16: {7: "triton", 8: "cuda32_x2", 64: "cuda_x2", 256: "cuda32_x2", 4096: "cuda_x3"},
         32: {1: "cuda_x2", 8: "cuda_x2", 32: "cuda32_x2", 256: "cuda32_x2", 1024: "triton"},
         64: {1: "triton", 8: "cuda_x2", 31: "cuda_x2", 32: "triton", 4096: "triton"},
@@ -167,7 +184,7 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
             assert name(T, H) == n, (T, H)
     # fp32 q (the served layer's exact path): the exact mode at every head count
     want_x = {
-        8: {1: "cuda_x3", 64: "cuda_x2", 300: "cuda_slim_x4", 4096: "cuda_slim_x4"},
+        8: {1: "cuda_x3", 64: "cuda_x2", 300: "cuda_slim_x4", 4096: "cuda_half_x4"},
         16: {1: "cuda_x3", 64: "cuda32_x2", 256: "cuda32_x2", 4096: "cuda_x3"},
         64: {8: "cuda_x3", 32: "cuda32_x2", 128: "cuda_x2", 4096: "cuda_x3"},
     }
@@ -184,6 +201,7 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     for H in (8, 16, 32, 64):  # every head count has the CUDA variants (the GPU tests run them)
         for exact in (False, True):
             names = {"cuda_x2", "cuda_x3", "cuda32_x2", "cuda_slim_x4"}
+            names |= {"cuda_half_x4", "cuda_half_x5"} if H <= 8 else set()
             assert names <= set(tri.variants_for(H, exact)), H
 
 
@@ -195,20 +213,22 @@ def test_the_source_ships_with_the_package():
 
 
 def test_tiles_of_32_over_a_slim_default_drop_slim(monkeypatch):
-    """A launch that asks for tiles of 32 where the default plan is the slim build (tiles of
-    16 only) gets the tiles of 32 build; asking for both is refused by name."""
+    """A launch that asks for tiles of 32 where the default plan is the slim or the half build
+    (tiles of 16 only) gets the tiles of 32 build; asking for both is refused by name."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(tri, "_cuda_ok", lambda device: True)
     assert tri.plan_for(300, 8, 512, CPU, False).slim
+    assert tri.plan_for(4096, 8, 512, CPU, False).half
     seen = {}
 
     def fake(*args):
-        seen["block_n"], seen["slim"] = args[-2], args[-1]
+        seen["block_n"], seen["slim"], seen["half"] = args[-3:]
 
     monkeypatch.setattr(cuda_decode, "sparse_attention", fake)
-    q, swa, sw, kv, tk, fp4 = _args(T=300)
-    tri.sparse_attention(q, swa, sw, kv, tk, fp4, None, 1.0, None, cuda=True, block_n=32)
-    assert seen == {"block_n": 32, "slim": False}
+    for T in (300, 4096):
+        q, swa, sw, kv, tk, fp4 = _args(T=T)
+        tri.sparse_attention(q, swa, sw, kv, tk, fp4, None, 1.0, None, cuda=True, block_n=32)
+        assert seen == {"block_n": 32, "slim": False, "half": False}, T
     monkeypatch.undo()
     with pytest.raises(ValueError, match="slim"):
         cuda_decode.defines_for(8, False, 32, slim=True)
