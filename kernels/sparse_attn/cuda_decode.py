@@ -192,7 +192,8 @@ def sparse_attention(
     block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax steps
     per entry); slim, half: the builds for four / five blocks per SM (`defines_for`); defines:
     extra NVRTC options (benchmarks). The merge of the splits is a programmatic dependent
-    launch (`merge.combine`, pdl) unless defines say -DPDL=0."""
+    launch (`merge.combine`: it starts while this kernel drains and waits for it before
+    reading) unless defines say -DPDL=0."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
     T, H, _ = q.shape
