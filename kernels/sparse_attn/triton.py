@@ -154,8 +154,9 @@ def _exact_variants(H: int) -> dict:
     """The exact path's variants (fp32 q) at H heads: 16-head programs (with q's three parts,
     32 or 64 heads per program need more than the SM's 227 KB of shared memory), no FlashMLA
     (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
-    the three-part split), and the CUDA kernel's exact mode (blocks of 8 heads)."""
-    v = {k: p for k, p in _variants(min(H, 16)).items() if not (p.flashmla or p.skew)}
+    the three-part split), and the CUDA kernel's exact mode (blocks of 8 heads at any H, so
+    its half build too)."""
+    v = {k: p for k, p in _variants(8).items() if not (p.flashmla or p.skew)}
     v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
     return v
 
