@@ -212,16 +212,16 @@ def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
     prefill; tiles of 16 in grids of 2 or 3 blocks per SM for small batches. Above 16 heads
     (8 for fp32 q) each block of heads re-reads the records: bf16 q at 17-32 heads in decode,
     at 33-64 heads only at 8-31 tokens; fp32 q at any head count (the Triton exact path is
-    slower still)."""
+    slower still), the half build from 128 tokens."""
     prefill = T >= WORKSPACE_MIN_TOKENS
     if H <= 8:
         if prefill:
             return "cuda_half_x4" if exact else "cuda_half_x5"
         return "cuda_slim_x4" if T >= 128 else "cuda_x2" if T >= 32 else "cuda_x3"
     if exact:
-        if prefill or T < 32:
-            return "cuda_x3"
-        return "cuda32_x2" if H <= 16 or T < 128 else "cuda_x2"
+        if T >= 128:  # prefill included: the half build (four blocks per SM)
+            return "cuda_half_x4"
+        return "cuda_x3" if T < 32 else "cuda32_x2"
     if H <= 16:
         if T < CUDA_MIN_TOKENS:
             return None

@@ -185,8 +185,14 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     # fp32 q (the served layer's exact path): the exact mode at every head count
     want_x = {
         8: {1: "cuda_x3", 64: "cuda_x2", 300: "cuda_slim_x4", 4096: "cuda_half_x4"},
-        16: {1: "cuda_x3", 64: "cuda32_x2", 256: "cuda32_x2", 4096: "cuda_x3"},
-        64: {8: "cuda_x3", 32: "cuda32_x2", 128: "cuda_x2", 4096: "cuda_x3"},
+        16: {1: "cuda_x3", 64: "cuda32_x2", 256: "cuda_half_x4", 4096: "cuda_half_x4"},
+        64: {
+            8: "cuda_x3",
+            32: "cuda32_x2",
+            127: "cuda32_x2",
+            128: "cuda_half_x4",
+            4096: "cuda_half_x4",
+        },
     }
     for H, cases in want_x.items():
         for T, n in cases.items():
