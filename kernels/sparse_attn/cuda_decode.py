@@ -27,7 +27,7 @@ import torch
 import triton
 
 from sglang_dsv41.kernels.sparse_attn import merge
-from sglang_dsv41.kernels.sparse_attn.cuda_jit import CudaJitError, Kernel
+from sglang_dsv41.kernels.sparse_attn.cuda_jit import CudaJitError, Kernel, load_source
 
 BN = 16  # entries per tile (the kernel's BN unless a build sets -DBN=32)
 D = 512
@@ -40,8 +40,7 @@ _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_decode.cu"
 @functools.cache
 def kernel(defines: tuple = ()) -> Kernel:
     """The kernel built with `defines` (NVRTC options such as "-DMIN_BLOCKS=4")."""
-    with open(_SRC) as f:
-        return Kernel(f.read(), NAME, "sm_90a", defines)
+    return Kernel(load_source(_SRC), NAME, "sm_90a", defines)
 
 
 def _option(defines: tuple, name: str, default: int) -> int:

@@ -17,6 +17,7 @@ import ctypes
 import glob
 import hashlib
 import os
+import re
 import sys
 import threading
 
@@ -81,6 +82,28 @@ def nvrtc_version() -> tuple[int, int]:
     major, minor = ctypes.c_int(), ctypes.c_int()
     _check_nvrtc(_nvrtc(), _nvrtc().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "")
     return major.value, minor.value
+
+
+def load_source(path: str) -> str:
+    """The text of a CUDA source file with each `#include "name"` line of it replaced by the
+    file `name` beside it (once per name; NVRTC is given one self-contained string)."""
+    seen: set[str] = set()
+
+    def expand(p: str) -> str:
+        out = []
+        with open(p) as f:
+            for line in f.read().split("\n"):
+                m = re.match(r'\s*#include\s+"([^"]+)"\s*$', line)
+                if not m:
+                    out.append(line)
+                    continue
+                inc = os.path.join(os.path.dirname(p), m.group(1))
+                if inc not in seen:
+                    seen.add(inc)
+                    out.append(expand(inc))
+        return "\n".join(out)
+
+    return expand(path)
 
 
 def compile_cubin(source: str, name: str, arch: str, options: tuple = ()) -> bytes:

@@ -80,8 +80,7 @@ def test_the_kernel_builds_for_sm90a_without_spills(defines, tmp_path):
     """Every build the launcher makes, within the registers of the blocks per SM it is meant to
     run (`_max_regs`); no local memory."""
     _nvrtc_or_skip()
-    with open(cuda_decode._SRC) as f:
-        src = f.read()
+    src = cuda_jit.load_source(cuda_decode._SRC)
     cubin = cuda_jit.compile_cubin(src, cuda_decode.NAME, "sm_90a", defines)
     r = _resources(cubin, tmp_path)
     assert r["regs"] <= _max_regs(defines) and r["local"] == 0 and r["stack"] == 0, r
@@ -215,7 +214,7 @@ def test_the_source_ships_with_the_package():
     root = os.path.join(os.path.dirname(cuda_decode._SRC), "..", "..")
     with open(os.path.join(root, "pyproject.toml")) as f:
         text = f.read()
-    assert re.search(r'^"sglang_dsv41\.kernels\.sparse_attn" = \["\*\.cu"\]', text, re.M)
+    assert re.search(r'^"sglang_dsv41\.kernels\.sparse_attn" = \["\*\.cu", "\*\.cuh"\]', text, re.M)
 
 
 def test_tiles_of_32_over_a_slim_default_drop_slim(monkeypatch):
@@ -238,3 +237,13 @@ def test_tiles_of_32_over_a_slim_default_drop_slim(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(ValueError, match="slim"):
         cuda_decode.defines_for(8, False, 32, slim=True)
+
+
+def test_includes_are_inlined_once(tmp_path):
+    """`load_source` gives NVRTC one string: each `#include "x"` replaced by the file beside the
+    source, once; other lines untouched."""
+    (tmp_path / "h.cuh").write_text("#pragma once\nint h;")
+    (tmp_path / "k.cu").write_text('#include "h.cuh"\n#include "h.cuh"\nint k;  // x\n')
+    assert cuda_jit.load_source(str(tmp_path / "k.cu")) == "#pragma once\nint h;\nint k;  // x\n"
+    src = cuda_jit.load_source(cuda_decode._SRC)
+    assert "#include" not in src and "fp4_word" in src
