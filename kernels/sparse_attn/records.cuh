@@ -1,5 +1,5 @@
-// Device helpers of the CUDA sparse-attention kernels (cuda_decode.cu, cuda_rtile.cu), inlined
-// into them by cuda_jit.load_source: the records' dequantization (the inline-PTX formulas of
+// Device helpers of the CUDA sparse-attention kernel (cuda_decode.cu), inlined
+// into it by cuda_jit.load_source: the records' dequantization (the inline-PTX formulas of
 // triton_records.py: values x 2^-8, d permuted inside each group of 8 as 0 2 4 6 1 3 5 7), the
 // exact path's three-part split, and the PTX wrappers (mma.sync, movmatrix, cp.async).
 
