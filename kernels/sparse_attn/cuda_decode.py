@@ -35,11 +35,17 @@ GROUP_HEADS = 16  # heads per block (bf16 q, more than 8 heads)
 GROUP_EXACT_HEADS = 8  # fp32 q (three bf16 parts of q and P): one tile of 8 heads per block
 NAME = "sparse_decode_h16"
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_decode.cu")
+# the warpgroup kernel (wgmma; up to 8 heads a block; built when the defines say -DWG=1)
+WG_NAME = "sparse_wg"
+_WG_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_wgmma.cu")
 
 
 @functools.cache
 def kernel(defines: tuple = ()) -> Kernel:
-    """The kernel built with `defines` (NVRTC options such as "-DMIN_BLOCKS=4")."""
+    """The kernel built with `defines` (NVRTC options such as "-DMIN_BLOCKS=4"); with "-DWG=1"
+    the warpgroup kernel (cuda_wgmma.cu)."""
+    if "-DWG=1" in defines:
+        return Kernel(load_source(_WG_SRC), WG_NAME, "sm_90a", defines)
     return Kernel(load_source(_SRC), NAME, "sm_90a", defines)
 
 
@@ -52,8 +58,9 @@ def _option(defines: tuple, name: str, default: int) -> int:
 
 
 def warps(defines: tuple = ()) -> int:
-    """Warps per block (NW): 4 (each a quarter of the head dimension) unless the build says 2."""
-    return _option(defines, "NW", 4)
+    """Warps per block (NW): 4 (each a quarter of the head dimension) unless the build says 2;
+    8 for the warpgroup kernel."""
+    return 8 if "-DWG=1" in defines else _option(defines, "NW", 4)
 
 
 def smem_bytes(defines: tuple = ()) -> int:
@@ -62,6 +69,9 @@ def smem_bytes(defines: tuple = ()) -> int:
     buffers of logit fragments (512 B per 16 entries and tile of 8 heads), and per stage of
     the record ring, per 16 entries, DQ / 32 chunks of 512 B and the scale words (256 B at NW
     4, 512 B at NW 2) (defaults NW 4, NH 2, BN 16, KBUF 2 at BN 16 else 1, STAGES 3)."""
+    if "-DWG=1" in defines:  # two 64 KB tiles, two stages of 34 KB, q and P^T parts, maxima
+        qp = 3 if "-DEXACT=1" in defines else 1
+        return 2 * 65536 + 2 * 34816 + qp * (8192 + 1024) + 256
     nw, nh = warps(defines), _option(defines, "NH", 2)
     bn = _option(defines, "BN", BN)
     kbuf = _option(defines, "KBUF", 2 if bn == 16 else 1)
