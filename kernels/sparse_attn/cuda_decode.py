@@ -60,7 +60,9 @@ def _option(defines: tuple, name: str, default: int) -> int:
 def warps(defines: tuple = ()) -> int:
     """Warps per block (NW): 4 (each a quarter of the head dimension) unless the build says 2;
     8 for the warpgroup kernel."""
-    return 8 if "-DWG=1" in defines else _option(defines, "NW", 4)
+    if "-DWG=1" in defines:  # a consumer warpgroup and NPW producer warpgroups
+        return 4 + 4 * _option(defines, "NPW", 1)
+    return _option(defines, "NW", 4)
 
 
 def smem_bytes(defines: tuple = ()) -> int:
@@ -71,7 +73,9 @@ def smem_bytes(defines: tuple = ()) -> int:
     4, 512 B at NW 2) (defaults NW 4, NH 2, BN 16, KBUF 2 at BN 16 else 1, STAGES 3)."""
     if "-DWG=1" in defines:  # two 64 KB tiles, two stages of 34 KB, q and P^T parts, maxima
         qp = 3 if "-DEXACT=1" in defines else 1
-        return 2 * 65536 + 2 * 34816 + qp * (8192 + 1024) + 256
+        npw = _option(defines, "NPW", 1)
+        stage = 16 // npw * 128 * npw * 16 + 128 * npw * (16 if npw == 1 else 8)
+        return 2 * 65536 + 2 * stage + qp * (8192 + 1024) + 256
     nw, nh = warps(defines), _option(defines, "NH", 2)
     bn = _option(defines, "BN", BN)
     kbuf = _option(defines, "KBUF", 2 if bn == 16 else 1)
@@ -92,23 +96,30 @@ def group_heads(H: int, exact: bool) -> int:
 
 
 def defines_for(
-    H: int, exact: bool, block_n: int = BN, slim: bool = False, half: bool = False
-) -> tuple:
+    H: int, exact: bool, block_n: int = BN, slim: bool = False, half: bool = False,
+    wg: bool = False,
+) -> tuple:  # fmt: skip
     """The NVRTC options of the build for H heads (NH tiles of 8 in P V), fp32 q (`exact`)
     and tiles of block_n (16 or 32) entries; `slim` (tiles of 16): one tile buffer and two
     stages of records, 40 KB of shared memory, sized for four blocks per SM at 8 heads a block
     (three at 16); `half` (tiles of 16, blocks of 8 heads): two warps a block, each half of the
     head dimension, one tile buffer and two stages, sized for five blocks per SM (four with
-    fp32 q)."""
-    if block_n not in STAGES or ((slim or half) and block_n != BN):
+    fp32 q); `wg` (blocks of 8 heads): the warpgroup kernel (cuda_wgmma.cu, tiles of 64, one
+    block per SM; two producer warpgroups with bf16 q, one with fp32 q)."""
+    if block_n not in STAGES or ((slim or half or wg) and block_n != BN):
         raise ValueError(
-            f"the CUDA kernel takes tiles of {sorted(STAGES)} entries (slim, half: {BN}), "
+            f"the CUDA kernel takes tiles of {sorted(STAGES)} entries (slim, half, wg: {BN}), "
             f"not {block_n}"
         )
     nh = group_heads(H, exact) // 8
     if half and (slim or nh != 1):
         raise ValueError(
             f"the half build takes blocks of 8 heads and not slim (H = {H}, slim = {slim})"
+        )
+    if wg and (slim or half or nh != 1):
+        raise ValueError(
+            f"the wg build takes blocks of 8 heads, neither slim nor half (H = {H}, slim = "
+            f"{slim}, half = {half})"
         )
     d = ("-DEXACT=1",) if exact else ()
     d += (f"-DNH={nh}",)
@@ -118,14 +129,16 @@ def defines_for(
         d += ("-DKBUF=1", "-DSTAGES=2", f"-DMIN_BLOCKS={4 if nh == 1 else 3}")
     if half:
         d += ("-DNW=2", "-DKBUF=1", "-DSTAGES=2", f"-DMIN_BLOCKS={4 if exact else 5}")
+    if wg:
+        d += ("-DWG=1", "-DBN=64", f"-DNPW={1 if exact else 2}")
     return d
 
 
 # The builds the plan uses (sparse_attention): blocks of 8 / 16 bf16 heads and of 8 fp32 heads,
-# tiles of 16 and 32, and the slim and half builds for blocks of 8 heads.
+# tiles of 16 and 32, and the slim, half and wg builds for blocks of 8 heads.
 BUILDS = tuple(
     defines_for(H, exact, bn) for H, exact in ((8, False), (16, False), (8, True)) for bn in STAGES
-) + tuple(defines_for(8, x, **{k: True}) for k in ("slim", "half") for x in (False, True))
+) + tuple(defines_for(8, x, **{k: True}) for k in ("slim", "half", "wg") for x in (False, True))
 _PROBES: dict[int, str | None] = {}  # device index -> None (all builds load) or why not
 
 
@@ -194,12 +207,13 @@ def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, out=No
 def sparse_attention(
     q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink, scale: float, out,
     out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, block_n: int = BN,
-    slim: bool = False, half: bool = False, defines: tuple = (),
+    slim: bool = False, half: bool = False, defines: tuple = (), wg: bool = False,
 ):  # fmt: skip
     """Launch over T tokens (grid T x splits x head groups of 32 NW threads); arguments as
     `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm` times;
     block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax steps
-    per entry); slim, half: the builds for four / five blocks per SM (`defines_for`); defines:
+    per entry); slim, half: the builds for four / five blocks per SM, wg: the warpgroup
+    kernel (`defines_for`); defines:
     extra NVRTC options (benchmarks). The merge of the splits is a programmatic dependent
     launch (`merge.combine`: it starts while this kernel drains and waits for it before
     reading) unless defines say -DPDL=0."""
@@ -212,7 +226,7 @@ def sparse_attention(
     if T == 0:
         return out
     W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
-    defines = (*defines_for(H, q.dtype == torch.float32, block_n, slim, half), *defines)
+    defines = (*defines_for(H, q.dtype == torch.float32, block_n, slim, half, wg), *defines)
     bn = _option(defines, "BN", BN)
     n_tiles = triton.cdiv(W, bn) + triton.cdiv(TOPK, bn)
     groups = triton.cdiv(H, group_heads(H, q.dtype == torch.float32))

@@ -28,14 +28,26 @@
 #define PDL 1
 #endif
 #define TE 64  // entries per tile
+#ifndef NPW
+#define NPW 1  // producer warpgroups (each thread of them: one entry, 512 / (2 NPW) of d)
+#endif
+#define NPT (128 * NPW)  // producer threads
+#define DP (256 / NPW)   // d per producer thread
+#define NTH (128 + NPT)  // threads per block
+#ifndef QK_CHAINS
+#define QK_CHAINS 4  // independent accumulators of the logits (k-steps interleaved)
+#endif
 // named barriers: 1 the consumer warpgroup; 2, 3 buffer b full; 4, 5 buffer b free
 #define BAR_CONS 1
 #define BAR_FULL 2
 #define BAR_FREE 4
-// shared memory (bytes): two tiles, the producers' staging (2 stages x 17 chunks x 128
-// threads x 16 B), q's parts (64 core matrices each), P^T's parts (8 each), the maxima
+// shared memory (bytes): two tiles, the producers' staging (2 stages of DP / 16 chunks x NPT
+// threads x 16 B and the threads' scale bytes), q's parts (64 core matrices each), P^T's parts
+// (8 each), the maxima
 #define SM_TILE 65536
-#define SM_STAGE (17 * 128 * 16)
+#define NCHP (DP / 16)             // a producer thread's 16 B chunks of a V41 record (FP4: half)
+#define SCB (NPW == 1 ? 16 : 8)    // a producer thread's scale bytes (room for FP4's DP / 16)
+#define SM_STAGE (NCHP * NPT * 16 + NPT * SCB)
 #define OFF_STG (2 * SM_TILE)
 #define OFF_Q (OFF_STG + 2 * SM_STAGE)
 #define OFF_P (OFF_Q + QP * 8192)
@@ -81,7 +93,7 @@ __device__ __forceinline__ void wgmma8(float* d, unsigned long long da, unsigned
 // byte offset of a tile's core matrix (d block db, entry block eb)
 __device__ __forceinline__ int cm(int db, int eb) { return (db * 8 + eb) * 128; }
 
-extern "C" __global__ void __launch_bounds__(256, 1) sparse_wg(
+extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(
     const void* __restrict__ q, long long stride_qt, long long stride_qh,
     const u8* __restrict__ swa, const int* __restrict__ swa_idx, long long stride_swt,
     const u8* __restrict__ kv, const int* __restrict__ kv_idx, long long stride_kvt, int kv_fp4,
@@ -99,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_wg(
   const int tid = threadIdx.x;
 
   // q's parts as the logits' B operand: core matrix db (8 heads x d 8 db + 0..7 permuted)
-  for (int r = tid; r < 512; r += 256) {
+  for (int r = tid; r < 512; r += NTH) {
     const int h = r >> 6, db = r & 63;
     u32 w[QP][4];
 #pragma unroll
@@ -147,6 +159,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_wg(
   };
 
   if (tid >= 128) {  // ---------------------------------------------------------- producer
+    // thread p: entry e of the tile, d in [DP h, DP h + DP)
     const int p = tid - 128, e = p & 63, h = p >> 6;
     auto issue = [&](int u, int slot) {  // tile u's bytes of (e, h) into stage (u - u0) % 2
       if (u < u1) {
@@ -154,14 +167,22 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_wg(
         const int n = slot >= 0 ? 16 : 0;
         const int fmt = u < n_sw ? 0 : kv_fp4;
         const u8* rec = (u < n_sw ? swa : kv) + (long long)(slot >= 0 ? slot : 0) * (fmt ? 288 : 528);
-        if (fmt) {
+        if (fmt) {  // DP / 2 bytes of values, DP / 16 scale bytes
 #pragma unroll
-          for (int c = 0; c < 8; ++c) cp16(stg + c * 128 + p, rec + 128 * h + 16 * c, n);
-          cp16(stg + 16 * 128 + p, rec + 256 + 16 * h, n);
-        } else {
+          for (int c = 0; c < NCHP / 2; ++c) cp16(stg + c * NPT + p, rec + DP / 2 * h + 16 * c, n);
+#if NPW == 1
+          cp16(stg + NCHP * NPT + p, rec + 256 + 16 * h, n);
+#else
+          cp8((uint2*)(stg + NCHP * NPT) + p, rec + 256 + 8 * h, slot >= 0 ? 8 : 0);
+#endif
+        } else {  // DP bytes of values, DP / 32 scale bytes
 #pragma unroll
-          for (int c = 0; c < 16; ++c) cp16(stg + c * 128 + p, rec + 256 * h + 16 * c, n);
-          cp8(stg + 16 * 128 + p, rec + 512 + 8 * h, slot >= 0 ? 8 : 0);
+          for (int c = 0; c < NCHP; ++c) cp16(stg + c * NPT + p, rec + DP * h + 16 * c, n);
+#if NPW == 1
+          cp8(stg + NCHP * NPT + p, rec + 512 + 8 * h, slot >= 0 ? 8 : 0);
+#else
+          cp4((uint2*)(stg + NCHP * NPT) + p, rec + 512 + 4 * h, slot >= 0 ? 4 : 0);
+#endif
         }
       }
       cp_commit();
@@ -173,35 +194,40 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_wg(
       s_next = slot_of(u + 2, e);
       asm volatile("cp.async.wait_group 1;" ::: "memory");  // tile u's bytes landed
       const int b = (u - u0) & 1;
-      if (u - u0 >= 2) bar_sync(BAR_FREE + b, 256);
+      if (u - u0 >= 2) bar_sync(BAR_FREE + b, NTH);
       const uint4* stg = (const uint4*)(smem + OFF_STG + b * SM_STAGE);
       unsigned char* tile = smem + b * SM_TILE + (e >> 3) * 128 + (e & 7) * 16;
-      const uint4 sc = stg[16 * 128 + p];
-      if (u >= n_sw && kv_fp4) {  // 8 chunks of 32 values; e4m3 scales 2 c, 2 c + 1
+#if NPW == 1
+      const uint4 sc = stg[NCHP * NPT + p];
+#else
+      const uint2 sc2 = ((const uint2*)(stg + NCHP * NPT))[p];
+      const uint4 sc = make_uint4(sc2.x, sc2.y, 0u, 0u);
+#endif
+      if (u >= n_sw && kv_fp4) {  // NCHP / 2 chunks of 32 values; e4m3 scales 2 c, 2 c + 1
         const u32 sw[4] = {sc.x, sc.y, sc.z, sc.w};
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const uint4 a = stg[c * 128 + p];
+        for (int c = 0; c < NCHP / 2; ++c) {
+          const uint4 a = stg[c * NPT + p];
           u32 m0, m1;
           fp4_mults(sw[c >> 1] >> (16 * (c & 1)), m0, m1);
-          const int db = 32 * h + 4 * c;
+          const int db = DP / 8 * h + 4 * c;
           *(uint4*)(tile + cm(db, 0)) = fp4_word(a.x, m0);
           *(uint4*)(tile + cm(db + 1, 0)) = fp4_word(a.y, m0);
           *(uint4*)(tile + cm(db + 2, 0)) = fp4_word(a.z, m1);
           *(uint4*)(tile + cm(db + 3, 0)) = fp4_word(a.w, m1);
         }
-      } else {  // 16 chunks of 16 values; one UE8M0 per 32
+      } else {  // NCHP chunks of 16 values; one UE8M0 per 32
 #pragma unroll
-        for (int c = 0; c < 16; ++c) {
-          const uint4 a = stg[c * 128 + p];
+        for (int c = 0; c < NCHP; ++c) {
+          const uint4 a = stg[c * NPT + p];
           const u32 m = v41_mult((((c >> 3) ? sc.y : sc.x) >> (8 * ((c >> 1) & 3))) & 0xFFu);
-          const int db = 32 * h + 2 * c;
+          const int db = DP / 8 * h + 2 * c;
           *(uint4*)(tile + cm(db, 0)) = e4m3_words(a.x, a.y, m);
           *(uint4*)(tile + cm(db + 1, 0)) = e4m3_words(a.z, a.w, m);
         }
       }
       fence_async_smem();
-      bar_arrive(BAR_FULL + b, 256);
+      bar_arrive(BAR_FULL + b, NTH);
     }
     return;
   }
@@ -222,20 +248,27 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_wg(
     e_lo = slot_of(u + 1, 16 * warp + g);
     e_hi = slot_of(u + 1, 16 * warp + g + 8);
     const unsigned char* tile = smem + b * SM_TILE;
-    bar_sync(BAR_FULL + b, 256);
-    // S^T[64 entries, 8 heads]: rows 16 warp + g (s0, s1) and + 8 (s2, s3), heads 2 tq, + 1
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    bar_sync(BAR_FULL + b, NTH);
+    // S^T[64 entries, 8 heads]: rows 16 warp + g (s0, s1) and + 8 (s2, s3), heads 2 tq, + 1;
+    // QK_CHAINS independent accumulators over interleaved k-steps, summed after
+    float ch[QK_CHAINS][4], s[4];
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 32; ++kk) {
       const unsigned long long da = desc(tile + 2 * kk * 1024, 1024, 128);
 #pragma unroll
       for (int c = QP - 1; c >= 0; --c)
-        wgmma8<0>(s, da, desc(smem + OFF_Q + c * 8192 + 2 * kk * 128, 128, 1024),
-                  kk > 0 || c < QP - 1);
+        wgmma8<0>(ch[kk % QK_CHAINS], da, desc(smem + OFF_Q + c * 8192 + 2 * kk * 128, 128, 1024),
+                  kk >= QK_CHAINS || c < QP - 1);
     }
     wg_commit();
     wg_wait0();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s[j] = ch[0][j];
+#pragma unroll
+      for (int i = 1; i < QK_CHAINS; ++i) s[j] += ch[i][j];
+    }
     float x[4];
     x[0] = ok0 ? s[0] * sc : ninf;
     x[1] = ok0 ? s[1] * sc : ninf;
@@ -287,9 +320,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_wg(
     bar_sync(BAR_CONS, 128);
     wg_fence();
 #pragma unroll
-    for (int mb = 0; mb < 8; ++mb) {
+    for (int ks = 0; ks < 4; ++ks) {  // the 8 blocks' accumulators are independent
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
+      for (int mb = 0; mb < 8; ++mb) {
         const unsigned long long da = desc(tile + cm(8 * mb, 2 * ks), 128, 1024);
 #pragma unroll
         for (int c = QP - 1; c >= 0; --c)
@@ -298,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_wg(
     }
     wg_commit();
     wg_wait0();
-    if (u - u0 + 2 < u1 - u0) bar_arrive(BAR_FREE + b, 256);
+    if (u - u0 + 2 < u1 - u0) bar_arrive(BAR_FREE + b, NTH);
   }
 
 #if PDL

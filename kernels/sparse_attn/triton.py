@@ -80,7 +80,9 @@ class Plan:
     cuda: the CUDA kernel (cuda_decode; splits from num_splits / per_sm, tiles of block_n = 16
     or 32 entries); slim: its build for four blocks per SM (tiles of 16, one tile buffer, two
     stages of records); half: its build with two warps a block, each half of the head
-    dimension (tiles of 16, one tile buffer, two stages; at most 8 heads a block).
+    dimension (tiles of 16, one tile buffer, two stages; at most 8 heads a block); wg: the
+    warpgroup kernel (cuda_wgmma.cu: wgmma over tiles of 64 entries, producer and consumer
+    warpgroups, one block per SM, blocks of 8 heads; measured, chosen nowhere yet).
     """
 
     block_h: int
@@ -100,6 +102,7 @@ class Plan:
     cuda: bool = False
     slim: bool = False
     half: bool = False
+    wg: bool = False
 
 
 def _variants(H: int) -> dict:
@@ -135,6 +138,7 @@ def _variants(H: int) -> dict:
     if H <= 8:  # two warps a block (blocks of 8 heads): five blocks per SM, four with fp32 q
         for k in (4, 5):
             cuda[f"cuda_half_x{k}"] = dataclasses.replace(cuda["cuda_x2"], half=True, per_sm=k)
+        cuda["cuda_wg_x1"] = dataclasses.replace(cuda["cuda_x2"], wg=True, per_sm=1)
     if H <= 32:
         return small | cuda
     return cuda | {
@@ -282,10 +286,11 @@ def sparse_attention(
     if unknown:
         raise TypeError(f"sparse_attention: unknown launch options {sorted(unknown)}")
     plan = dataclasses.replace(plan_for(T, H, D, q.device, exact), **launch)
-    if plan.block_n != 16:  # tiles of 32 asked for: not the slim or half build unless asked
+    if plan.block_n != 16:  # tiles of 32 asked for: not the slim, half or wg build unless asked
         plan = dataclasses.replace(
-            plan, slim=plan.slim and "slim" in launch, half=plan.half and "half" in launch
-        )
+            plan, slim=plan.slim and "slim" in launch, half=plan.half and "half" in launch,
+            wg=plan.wg and "wg" in launch,
+        )  # fmt: skip
     if exact and (plan.flashmla or (plan.skew and not plan.ieee)):
         raise ValueError("fp32 q (the exact path) takes neither the FlashMLA route nor SKEW")
     if plan.cuda and "cuda" not in launch:  # the default plan: Triton where the args don't fit
@@ -300,7 +305,7 @@ def sparse_attention(
 
         return cuda_decode.sparse_attention(
             q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
-            plan.num_splits, plan.per_sm, plan.block_n, plan.slim, plan.half,
+            plan.num_splits, plan.per_sm, plan.block_n, plan.slim, plan.half, wg=plan.wg,
         )  # fmt: skip
     if plan.flashmla and T:
         from sglang_dsv41.kernels.sparse_attn import triton_flashmla

@@ -43,6 +43,8 @@ def _max_regs(defines: tuple) -> int:
     to 8 heads in bf16 and in the slim builds); tiles of 32: two (shared memory allows no
     more); the half builds (blocks of 64 threads): five (204) in bf16, four (255) with fp32
     q."""
+    if "-DWG=1" in defines:  # one block of 128 (1 + NPW) threads per SM
+        return min(255, 65536 // (128 * (1 + cuda_decode._option(defines, "NPW", 1))) // 8 * 8)
     if "-DBN=32" in defines:
         return 255
     if "-DNW=2" in defines:
@@ -64,13 +66,20 @@ def test_the_builds_are_the_launchers():
     assert cuda_decode.warps(half) == 2 and cuda_decode.warps(slim) == 4
     assert 5 * (cuda_decode.smem_bytes(half) + 1024) <= 228 * 1024  # five blocks per SM
     assert "-DMIN_BLOCKS=4" in cuda_decode.defines_for(3, True, half=True)
-    assert len(set(cuda_decode.BUILDS)) == 10
+    wg = cuda_decode.defines_for(8, False, wg=True)
+    assert wg == ("-DNH=1", "-DWG=1", "-DBN=64", "-DNPW=2") and cuda_decode.warps(wg) == 12
+    assert cuda_decode.warps(cuda_decode.defines_for(64, True, wg=True)) == 8  # one producer WG
+    for x in (False, True):  # one block per SM: at most 227 KB of dynamic shared memory
+        assert cuda_decode.smem_bytes(cuda_decode.defines_for(8, x, wg=True)) <= 232448
+    assert len(set(cuda_decode.BUILDS)) == 12
     with pytest.raises(ValueError, match="slim"):
         cuda_decode.defines_for(8, False, 32, slim=True)
     with pytest.raises(ValueError, match="half"):
         cuda_decode.defines_for(16, False, half=True)  # blocks of 16 heads
     with pytest.raises(ValueError, match="half"):
         cuda_decode.defines_for(8, False, slim=True, half=True)
+    with pytest.raises(ValueError, match="wg"):
+        cuda_decode.defines_for(16, False, wg=True)
     with pytest.raises(ValueError, match="tiles of"):
         cuda_decode.defines_for(8, False, 64)
 
@@ -206,7 +215,7 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     for H in (8, 16, 32, 64):  # every head count has the CUDA variants (the GPU tests run them)
         for exact in (False, True):
             names = {"cuda_x2", "cuda_x3", "cuda32_x2", "cuda_slim_x4"}
-            names |= {"cuda_half_x4", "cuda_half_x5"} if H <= 8 else set()
+            names |= {"cuda_half_x4", "cuda_half_x5", "cuda_wg_x1"} if H <= 8 or exact else set()
             assert names <= set(tri.variants_for(H, exact)), H
 
 
@@ -226,14 +235,15 @@ def test_tiles_of_32_over_a_slim_default_drop_slim(monkeypatch):
     assert tri.plan_for(4096, 8, 512, CPU, False).half
     seen = {}
 
-    def fake(*args):
+    def fake(*args, wg=False):
         seen["block_n"], seen["slim"], seen["half"] = args[-3:]
+        seen["wg"] = wg
 
     monkeypatch.setattr(cuda_decode, "sparse_attention", fake)
     for T in (300, 4096):
         q, swa, sw, kv, tk, fp4 = _args(T=T)
         tri.sparse_attention(q, swa, sw, kv, tk, fp4, None, 1.0, None, cuda=True, block_n=32)
-        assert seen == {"block_n": 32, "slim": False, "half": False}, T
+        assert seen == {"block_n": 32, "slim": False, "half": False, "wg": False}, T
     monkeypatch.undo()
     with pytest.raises(ValueError, match="slim"):
         cuda_decode.defines_for(8, False, 32, slim=True)

@@ -318,11 +318,15 @@ def test_flashmla_route_returns_its_output_without_out():
     assert torch.equal(own, filled)
 
 
-# the CUDA kernel's builds: tiles of 16, of 32, the slim build (four blocks per SM) and the
-# half build (two warps a block; blocks of 8 heads: bf16 q at up to 8 heads, fp32 q at any)
+# the CUDA kernel's builds: tiles of 16, of 32, the slim build (four blocks per SM), the half
+# build (two warps a block) and the warpgroup kernel (cuda_wgmma.cu); the last two take blocks
+# of 8 heads: bf16 q at up to 8 heads, fp32 q at any
 CUDA_BUILDS = [
-    dict(block_n=n, slim=s, half=h)
-    for n, s, h in ((16, False, False), (32, False, False), (16, True, False), (16, False, True))
+    dict(block_n=16, slim=False, half=False, wg=False),
+    dict(block_n=32, slim=False, half=False, wg=False),
+    dict(block_n=16, slim=True, half=False, wg=False),
+    dict(block_n=16, slim=False, half=True, wg=False),
+    dict(block_n=16, slim=False, half=False, wg=True),
 ]
 
 
@@ -343,8 +347,8 @@ def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, build):
     """The CUDA kernel (cuda_decode) at one and several blocks of heads, tiles of 16 and 32,
     split and unsplit, fp32 and bf16 out; a token that sees only the sink gets zeros."""
     _cuda_or_skip()
-    if build["half"] and H > 8:
-        pytest.skip("the half build takes blocks of 8 heads (bf16 q: up to 8 heads)")
+    if (build["half"] or build["wg"]) and H > 8:
+        pytest.skip("the half and wg builds take blocks of 8 heads (bf16 q: up to 8 heads)")
     q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
     launch = dict(cuda=True, num_splits=num_splits, **build)
     out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, **launch)
