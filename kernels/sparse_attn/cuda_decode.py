@@ -2,10 +2,12 @@
 use by NVRTC (`cuda_jit`): the 8 / 16 heads per GPU of V4.1 served with tensor parallelism over
 8 / 4 GPUs (more heads run as groups of 16, each block re-reading the records).
 
-Each warp owns a quarter of the head dimension for a whole tile of 16 or 32 entries (its own
-dequantized tile, q's quarter in registers); only the logits are summed across the 4 warps, so
-there is one block barrier a tile and no warp re-reads q or another warp's records (the Triton
-kernel, whose warps split the entries, does both; benchmarks/RESULTS.md). Same arguments and
+Each warp owns a quarter of the head dimension (a half in the half build) for a whole tile of
+16 or 32 entries (its own dequantized tile, q's part in registers); only the logits are summed
+across the warps, so there is one block barrier a tile and no warp re-reads q or another warp's
+records (the Triton kernel, whose warps split the entries, does both; benchmarks/RESULTS.md).
+The wg build is another kernel with the same arguments (`cuda_wgmma.cu`: wgmma over 64-entry
+tiles, producer and consumer warpgroups), measured and not chosen by the plan. Same arguments and
 meaning as `triton.sparse_attention`; fp32 q (the exact path) splits q and P into three exact
 bf16 parts, as the Triton exact path does. The torch reference is
 `kernels.sparse_attn.ref.sparse_attention_ref` (the GPU tests compare every shape with it).
