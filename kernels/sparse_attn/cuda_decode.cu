@@ -168,8 +168,6 @@ __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, in
 #ifndef KBUF
 #define KBUF (BN == 16 ? 2 : 1)  // dequantized tile buffers per warp (2: the next one early)
 #endif
-// stored position -> d inside a group of 8 (the dequantization's order 0 2 4 6 1 3 5 7)
-#define PERM8(p) ((((p) & 3) << 1) | ((p) >> 2))
 
 extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS) sparse_decode_h16(
     const void* __restrict__ q, long long stride_qt, long long stride_qh,
@@ -538,7 +536,6 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS) sparse_decode_
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
   // per head: the output factor (with the sink, or 1 / l for a partial) and the partial's lse
-  const float ninf = -__int_as_float(0x7F800000);
 #if ESWAP
 #pragma unroll
   for (int o = 4; o < 32; o <<= 1) {
@@ -555,26 +552,10 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS) sparse_decode_
   const int ha = g, hb = g + 8;
   const bool lse_lane = warp == 0 && tq == 0;
 #endif
+  const BlockOut ob = {part, lse, out, stride_ot, stride_oh, out_kind, H_all, H, num_splits, t,
+                       split};
   float f_a, f_b;
-  if (out_kind == 0) {
-    f_a = l_a > 0.f ? 1.f / l_a : 0.f;
-    f_b = l_b > 0.f ? 1.f / l_b : 0.f;
-    if (lse_lane) {
-      float* pl = lse + ((long long)t * num_splits + split) * H_all;
-      if (ha < H) pl[ha] = l_a > 0.f ? m_a + log2f(l_a) : ninf;
-      if (hb < H) pl[hb] = l_b > 0.f ? m_b + log2f(l_b) : ninf;
-    }
-  } else {
-    float s_a = (has_sink && ha < H) ? sink[ha] * 1.4426950408889634f : ninf;
-    float s_b = (has_sink && hb < H) ? sink[hb] * 1.4426950408889634f : ninf;
-    float mf_a = fmaxf(m_a, s_a), mf_b = fmaxf(m_b, s_b);
-    float w_a = exp2f(m_a - mf_a), w_b = exp2f(m_b - mf_b);
-    float den_a = l_a * w_a + exp2f(s_a - mf_a), den_b = l_b * w_b + exp2f(s_b - mf_b);
-    f_a = den_a > 0.f ? w_a / den_a : 0.f;
-    f_b = den_b > 0.f ? w_b / den_b : 0.f;
-  }
-  f_a *= 256.0f;  // the tiles were the values x 2^-8
-  f_b *= 256.0f;
+  head_factors(ob, sink, has_sink, ha, hb, m_a, m_b, l_a, l_b, lse_lane, f_a, f_b);
 #pragma unroll
   for (int j = 0; j < NH; ++j) {
 #if ESWAP
@@ -590,21 +571,7 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS) sparse_decode_
       for (int rr = 0; rr < 2; ++rr) {
         const int pos = 16 * mt + g + 8 * rr;  // stored position in the warp's d range
         const int d = DQ * warp + (pos & ~7) + PERM8(pos & 7);
-        const float v0 = acc[mt][j][2 * rr] * f0, v1 = acc[mt][j][2 * rr + 1] * f1;
-        if (out_kind == 0) {
-          float* po = part + ((long long)t * num_splits + split) * H_all * 512 + d;
-          if (h0 < H) po[(long long)h0 * 512] = v0;
-          if (h1 < H) po[(long long)h1 * 512] = v1;
-        } else if (out_kind == 1) {
-          u16* po = (u16*)out + (long long)t * stride_ot + d;
-          u32 pr = pack_bf16(v0, v1);
-          if (h0 < H) po[(long long)h0 * stride_oh] = (u16)(pr & 0xFFFFu);
-          if (h1 < H) po[(long long)h1 * stride_oh] = (u16)(pr >> 16);
-        } else {
-          float* po = (float*)out + (long long)t * stride_ot + d;
-          if (h0 < H) po[(long long)h0 * stride_oh] = v0;
-          if (h1 < H) po[(long long)h1 * stride_oh] = v1;
-        }
+        store_pair(ob, d, h0, h1, acc[mt][j][2 * rr] * f0, acc[mt][j][2 * rr + 1] * f1);
       }
     }
   }

@@ -116,9 +116,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(
     u32 w[QP][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      // positions 2 j, 2 j + 1 hold d PERM(2 j), PERM(2 j + 1): 0 2 4 6 1 3 5 7
-      const int d0 = 8 * db + ((2 * j) & 3) * 2 + ((2 * j) >> 2);
-      const int d1 = 8 * db + ((2 * j + 1) & 3) * 2 + ((2 * j + 1) >> 2);
+      const int d0 = 8 * db + PERM8(2 * j), d1 = 8 * db + PERM8(2 * j + 1);
       u32 v[QP];
 #pragma unroll
       for (int c = 0; c < QP; ++c) v[c] = 0;
@@ -349,47 +347,17 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(
   l_a = red[2 * tq] + red[8 + 2 * tq] + red[16 + 2 * tq] + red[24 + 2 * tq];
   l_b = red[2 * tq + 1] + red[9 + 2 * tq] + red[17 + 2 * tq] + red[25 + 2 * tq];
   const int ha = 2 * tq, hb = ha + 1;
+  const BlockOut ob = {part, lse, out, stride_ot, stride_oh, out_kind, H_all, H, num_splits, t,
+                       split};
   float f_a, f_b;
-  if (out_kind == 0) {
-    f_a = l_a > 0.f ? 1.f / l_a : 0.f;
-    f_b = l_b > 0.f ? 1.f / l_b : 0.f;
-    if (warp == 0 && g == 0) {
-      float* pl = lse + ((long long)t * num_splits + split) * H_all;
-      if (ha < H) pl[ha] = l_a > 0.f ? m_a + log2f(l_a) : ninf;
-      if (hb < H) pl[hb] = l_b > 0.f ? m_b + log2f(l_b) : ninf;
-    }
-  } else {
-    float s_a = (has_sink && ha < H) ? sink[ha] * 1.4426950408889634f : ninf;
-    float s_b = (has_sink && hb < H) ? sink[hb] * 1.4426950408889634f : ninf;
-    float mf_a = fmaxf(m_a, s_a), mf_b = fmaxf(m_b, s_b);
-    float w_a = exp2f(m_a - mf_a), w_b = exp2f(m_b - mf_b);
-    float den_a = l_a * w_a + exp2f(s_a - mf_a), den_b = l_b * w_b + exp2f(s_b - mf_b);
-    f_a = den_a > 0.f ? w_a / den_a : 0.f;
-    f_b = den_b > 0.f ? w_b / den_b : 0.f;
-  }
-  f_a *= 256.0f;
-  f_b *= 256.0f;
+  head_factors(ob, sink, has_sink, ha, hb, m_a, m_b, l_a, l_b, warp == 0 && g == 0, f_a, f_b);
 #pragma unroll
   for (int mb = 0; mb < 8; ++mb) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int pos = 64 * mb + 16 * warp + g + 8 * rr;  // stored position
-      const int d = (pos & ~7) + (((pos & 3) << 1) | ((pos & 7) >> 2));
-      const float v0 = acc[mb][2 * rr] * f_a, v1 = acc[mb][2 * rr + 1] * f_b;
-      if (out_kind == 0) {
-        float* po = part + ((long long)t * num_splits + split) * H_all * 512 + d;
-        if (ha < H) po[(long long)ha * 512] = v0;
-        if (hb < H) po[(long long)hb * 512] = v1;
-      } else if (out_kind == 1) {
-        u16* po = (u16*)out + (long long)t * stride_ot + d;
-        u32 pr = pack_bf16(v0, v1);
-        if (ha < H) po[(long long)ha * stride_oh] = (u16)(pr & 0xFFFFu);
-        if (hb < H) po[(long long)hb * stride_oh] = (u16)(pr >> 16);
-      } else {
-        float* po = (float*)out + (long long)t * stride_ot + d;
-        if (ha < H) po[(long long)ha * stride_oh] = v0;
-        if (hb < H) po[(long long)hb * stride_oh] = v1;
-      }
+      const int d = (pos & ~7) + PERM8(pos & 7);
+      store_pair(ob, d, ha, hb, acc[mb][2 * rr] * f_a, acc[mb][2 * rr + 1] * f_b);
     }
   }
 }

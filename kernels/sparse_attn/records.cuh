@@ -1,7 +1,8 @@
-// Device helpers of the CUDA sparse-attention kernel (cuda_decode.cu), inlined
-// into it by cuda_jit.load_source: the records' dequantization (the inline-PTX formulas of
+// Device helpers of the CUDA sparse-attention kernels (cuda_decode.cu, cuda_wgmma.cu), inlined
+// into them by cuda_jit.load_source: the records' dequantization (the inline-PTX formulas of
 // triton_records.py: values x 2^-8, d permuted inside each group of 8 as 0 2 4 6 1 3 5 7), the
-// exact path's three-part split, and the PTX wrappers (mma.sync, movmatrix, cp.async).
+// exact path's three-part split, the PTX wrappers (mma.sync, movmatrix, cp.async), and the
+// output of a block (partials with their log-sum-exps, or final rows with the sink).
 
 #pragma once
 
@@ -115,4 +116,66 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 __device__ __forceinline__ void cp8(void* dst, const void* src, int n) {
   u32 a = (u32)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(a), "l"(src), "r"(n));
+}
+
+// stored position -> d inside a group of 8 (the dequantization's order 0 2 4 6 1 3 5 7)
+#define PERM8(p) ((((p) & 3) << 1) | ((p) >> 2))
+
+// Where a block writes: out_kind 0 = fp32 partials part [T, NS, H_all, 512] and base-2
+// log-sum-exps lse [T, NS, H_all]; 1 / 2 = the final rows of out (bf16 / fp32) with the sink.
+// The pointers start at the block's first head; H of its heads exist.
+struct BlockOut {
+  float* part;
+  float* lse;
+  void* out;
+  long long stride_ot, stride_oh;
+  int out_kind, H_all, H, num_splits, t, split;
+};
+
+// The output factors of heads ha, hb from their softmax state (base-2 maxima m, sums l over
+// the block's entries): with one split the softmax over the entries and the sink (sink [H],
+// natural log units), else 1 / l, the partial's lse written by the lane lse_lane; times 2^8
+// (the tiles hold the values x 2^-8).
+__device__ __forceinline__ void head_factors(const BlockOut& o, const float* sink, int has_sink,
+                                             int ha, int hb, float m_a, float m_b, float l_a,
+                                             float l_b, bool lse_lane, float& f_a, float& f_b) {
+  const float ninf = -__int_as_float(0x7F800000);
+  if (o.out_kind == 0) {
+    f_a = l_a > 0.f ? 1.f / l_a : 0.f;
+    f_b = l_b > 0.f ? 1.f / l_b : 0.f;
+    if (lse_lane) {
+      float* pl = o.lse + ((long long)o.t * o.num_splits + o.split) * o.H_all;
+      if (ha < o.H) pl[ha] = l_a > 0.f ? m_a + log2f(l_a) : ninf;
+      if (hb < o.H) pl[hb] = l_b > 0.f ? m_b + log2f(l_b) : ninf;
+    }
+  } else {
+    const float s_a = (has_sink && ha < o.H) ? sink[ha] * 1.4426950408889634f : ninf;
+    const float s_b = (has_sink && hb < o.H) ? sink[hb] * 1.4426950408889634f : ninf;
+    const float mf_a = fmaxf(m_a, s_a), mf_b = fmaxf(m_b, s_b);
+    const float w_a = exp2f(m_a - mf_a), w_b = exp2f(m_b - mf_b);
+    const float den_a = l_a * w_a + exp2f(s_a - mf_a), den_b = l_b * w_b + exp2f(s_b - mf_b);
+    f_a = den_a > 0.f ? w_a / den_a : 0.f;
+    f_b = den_b > 0.f ? w_b / den_b : 0.f;
+  }
+  f_a *= 256.0f;
+  f_b *= 256.0f;
+}
+
+// Output values v0, v1 of heads h0, h1 at head-dim index d.
+__device__ __forceinline__ void store_pair(const BlockOut& o, int d, int h0, int h1, float v0,
+                                           float v1) {
+  if (o.out_kind == 0) {
+    float* po = o.part + ((long long)o.t * o.num_splits + o.split) * o.H_all * 512 + d;
+    if (h0 < o.H) po[(long long)h0 * 512] = v0;
+    if (h1 < o.H) po[(long long)h1 * 512] = v1;
+  } else if (o.out_kind == 1) {
+    u16* po = (u16*)o.out + (long long)o.t * o.stride_ot + d;
+    const u32 pr = pack_bf16(v0, v1);
+    if (h0 < o.H) po[(long long)h0 * o.stride_oh] = (u16)(pr & 0xFFFFu);
+    if (h1 < o.H) po[(long long)h1 * o.stride_oh] = (u16)(pr >> 16);
+  } else {
+    float* po = (float*)o.out + (long long)o.t * o.stride_ot + d;
+    if (h0 < o.H) po[(long long)h0 * o.stride_oh] = v0;
+    if (h1 < o.H) po[(long long)h1 * o.stride_oh] = v1;
+  }
 }
