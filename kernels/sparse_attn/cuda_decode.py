@@ -60,8 +60,8 @@ def _option(defines: tuple, name: str, default: int) -> int:
 
 
 def warps(defines: tuple = ()) -> int:
-    """Warps per block (NW): 4 (each a quarter of the head dimension) unless the build says 2;
-    8 for the warpgroup kernel."""
+    """Warps per block: NW, 4 (each a quarter of the head dimension) unless the build says 2;
+    for the warpgroup kernel 4 consumer warps and 4 per producer warpgroup (NPW)."""
     if "-DWG=1" in defines:  # a consumer warpgroup and NPW producer warpgroups
         return 4 + 4 * _option(defines, "NPW", 1)
     return _option(defines, "NW", 4)
@@ -211,14 +211,13 @@ def sparse_attention(
     out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, block_n: int = BN,
     slim: bool = False, half: bool = False, defines: tuple = (), wg: bool = False,
 ):  # fmt: skip
-    """Launch over T tokens (grid T x splits x head groups of 32 NW threads); arguments as
-    `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm` times;
-    block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax steps
-    per entry); slim, half: the builds for four / five blocks per SM, wg: the warpgroup
-    kernel (`defines_for`); defines:
-    extra NVRTC options (benchmarks). The merge of the splits is a programmatic dependent
-    launch (`merge.combine`: it starts while this kernel drains and waits for it before
-    reading) unless defines say -DPDL=0."""
+    """Launch over T tokens (grid T x splits x head groups of 32 `warps(defines)` threads);
+    arguments as `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm`
+    times; block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax
+    steps per entry); slim, half: the builds for four / five blocks per SM, wg: the warpgroup
+    kernel (`defines_for`); defines: extra NVRTC options (benchmarks). The merge of the
+    splits is a programmatic dependent launch (`merge.combine`: it starts while this kernel
+    drains and waits for it before reading) unless defines say -DPDL=0."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
     T, H, _ = q.shape
