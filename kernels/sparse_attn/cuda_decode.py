@@ -40,15 +40,28 @@ _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_decode.cu"
 # the warpgroup kernel (wgmma; up to 8 heads a block; built when the defines say -DWG=1)
 WG_NAME = "sparse_wg"
 _WG_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_wgmma.cu")
+# the 64-head warpgroup kernel (wgmma with the heads on M; built when the defines say -DWG64=1)
+WG64_NAME = "sparse_wg64"
+_WG64_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_wg64.cu")
+WG64_HEADS = 64
+WG64_SMEM = 2 * 65536 + 65536 + 512  # cuda_wg64.cu: SMEM_BYTES
+
+
+def source(defines: tuple = ()) -> tuple[str, str]:
+    """(source path, kernel name) of a build: with "-DWG64=1" the 64-head warpgroup kernel
+    (cuda_wg64.cu), with "-DWG=1" the warpgroup kernel (cuda_wgmma.cu), else cuda_decode.cu."""
+    if "-DWG64=1" in defines:
+        return _WG64_SRC, WG64_NAME
+    if "-DWG=1" in defines:
+        return _WG_SRC, WG_NAME
+    return _SRC, NAME
 
 
 @functools.cache
 def kernel(defines: tuple = ()) -> Kernel:
-    """The kernel built with `defines` (NVRTC options such as "-DMIN_BLOCKS=4"); with "-DWG=1"
-    the warpgroup kernel (cuda_wgmma.cu)."""
-    if "-DWG=1" in defines:
-        return Kernel(load_source(_WG_SRC), WG_NAME, "sm_90a", defines)
-    return Kernel(load_source(_SRC), NAME, "sm_90a", defines)
+    """The kernel built with `defines` (NVRTC options such as "-DMIN_BLOCKS=4"; `source`)."""
+    path, name = source(defines)
+    return Kernel(load_source(path), name, "sm_90a", defines)
 
 
 def _option(defines: tuple, name: str, default: int) -> int:
@@ -61,7 +74,10 @@ def _option(defines: tuple, name: str, default: int) -> int:
 
 def warps(defines: tuple = ()) -> int:
     """Warps per block: NW, 4 (each a quarter of the head dimension) unless the build says 2;
-    for the warpgroup kernel 4 consumer warps and 4 per producer warpgroup (NPW)."""
+    for the warpgroup kernel 4 consumer warps and 4 per producer warpgroup (NPW); for the
+    64-head one two consumer warpgroups and a producer warpgroup."""
+    if "-DWG64=1" in defines:
+        return 12
     if "-DWG=1" in defines:  # a consumer warpgroup and NPW producer warpgroups
         return 4 + 4 * _option(defines, "NPW", 1)
     return _option(defines, "NW", 4)
@@ -73,6 +89,8 @@ def smem_bytes(defines: tuple = ()) -> int:
     buffers of logit fragments (512 B per 16 entries and tile of 8 heads), and per stage of
     the record ring, per 16 entries, DQ / 32 chunks of 512 B and the scale words (256 B at NW
     4, 512 B at NW 2) (defaults NW 4, NH 2, BN 16, KBUF 2 at BN 16 else 1, STAGES 3)."""
+    if "-DWG64=1" in defines:  # two 64 KB tiles, q, P, the maxima and entry flags
+        return WG64_SMEM
     if "-DWG=1" in defines:  # two 64 KB tiles, two stages of 34 KB, q and P^T parts, maxima
         qp = 3 if "-DEXACT=1" in defines else 1
         npw = _option(defines, "NPW", 1)
@@ -91,15 +109,17 @@ def smem_bytes(defines: tuple = ()) -> int:
 STAGES = {16: 3, 32: 2}  # tiles of records in flight per tile size (the fastest on the H200)
 
 
-def group_heads(H: int, exact: bool) -> int:
-    """Heads per block: 8 (one tile of 8 in P V, NH = 1) at up to 8 heads and for fp32 q, else
-    16 (NH = 2)."""
+def group_heads(H: int, exact: bool, wg64: bool = False) -> int:
+    """Heads per block: 64 in the wg64 build; else 8 (one tile of 8 in P V, NH = 1) at up to 8
+    heads and for fp32 q, else 16 (NH = 2)."""
+    if wg64:
+        return WG64_HEADS
     return GROUP_EXACT_HEADS if exact or H <= 8 else GROUP_HEADS
 
 
 def defines_for(
     H: int, exact: bool, block_n: int = BN, slim: bool = False, half: bool = False,
-    wg: bool = False,
+    wg: bool = False, wg64: bool = False,
 ) -> tuple:  # fmt: skip
     """The NVRTC options of the build for H heads (NH tiles of 8 in P V), fp32 q (`exact`)
     and tiles of block_n (16 or 32) entries; `slim` (tiles of 16): one tile buffer and two
@@ -107,7 +127,16 @@ def defines_for(
     (three at 16); `half` (tiles of 16, blocks of 8 heads): two warps a block, each half of the
     head dimension, one tile buffer and two stages, sized for five blocks per SM (four with
     fp32 q); `wg` (blocks of 8 heads): the warpgroup kernel (cuda_wgmma.cu, tiles of 64, one
-    block per SM; two producer warpgroups with bf16 q, one with fp32 q)."""
+    block per SM; two producer warpgroups with bf16 q, one with fp32 q); `wg64`: the 64-head
+    warpgroup kernel (cuda_wg64.cu: bf16 q, blocks of 64 heads, tiles of 64, one block per
+    SM)."""
+    if wg64:
+        if exact or slim or half or wg:
+            raise ValueError(
+                "the wg64 build takes bf16 q and neither slim, half nor wg (exact = "
+                f"{exact}, slim = {slim}, half = {half}, wg = {wg})"
+            )
+        return ("-DWG64=1", "-DBN=64")
     if block_n not in STAGES or ((slim or half or wg) and block_n != BN):
         raise ValueError(
             f"the CUDA kernel takes tiles of {sorted(STAGES)} entries (slim, half, wg: {BN}), "
@@ -137,10 +166,16 @@ def defines_for(
 
 
 # The builds the plan uses (sparse_attention): blocks of 8 / 16 bf16 heads and of 8 fp32 heads,
-# tiles of 16 and 32, and the slim, half and wg builds for blocks of 8 heads.
-BUILDS = tuple(
-    defines_for(H, exact, bn) for H, exact in ((8, False), (16, False), (8, True)) for bn in STAGES
-) + tuple(defines_for(8, x, **{k: True}) for k in ("slim", "half", "wg") for x in (False, True))
+# tiles of 16 and 32, the slim, half and wg builds for blocks of 8 heads, and the 64-head one.
+BUILDS = (
+    tuple(
+        defines_for(H, exact, bn)
+        for H, exact in ((8, False), (16, False), (8, True))
+        for bn in STAGES
+    )
+    + tuple(defines_for(8, x, **{k: True}) for k in ("slim", "half", "wg") for x in (False, True))
+    + (defines_for(64, False, wg64=True),)
+)
 _PROBES: dict[int, str | None] = {}  # device index -> None (all builds load) or why not
 
 
@@ -210,14 +245,16 @@ def sparse_attention(
     q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink, scale: float, out,
     out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, block_n: int = BN,
     slim: bool = False, half: bool = False, defines: tuple = (), wg: bool = False,
+    wg64: bool = False,
 ):  # fmt: skip
     """Launch over T tokens (grid T x splits x head groups of 32 `warps(defines)` threads);
     arguments as `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm`
     times; block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax
     steps per entry); slim, half: the builds for four / five blocks per SM, wg: the warpgroup
-    kernel (`defines_for`); defines: extra NVRTC options (benchmarks). The merge of the
-    splits is a programmatic dependent launch (`merge.combine`: it starts while this kernel
-    drains and waits for it before reading) unless defines say -DPDL=0."""
+    kernel, wg64: the 64-head warpgroup kernel (`defines_for`); defines: extra NVRTC options
+    (benchmarks). The merge of the splits is a programmatic dependent launch (`merge.combine`:
+    it starts while this kernel drains and waits for it before reading) unless defines say
+    -DPDL=0."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
     T, H, _ = q.shape
@@ -227,10 +264,11 @@ def sparse_attention(
     if T == 0:
         return out
     W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
-    defines = (*defines_for(H, q.dtype == torch.float32, block_n, slim, half, wg), *defines)
+    exact = q.dtype == torch.float32
+    defines = (*defines_for(H, exact, block_n, slim, half, wg, wg64), *defines)
     bn = _option(defines, "BN", BN)
     n_tiles = triton.cdiv(W, bn) + triton.cdiv(TOPK, bn)
-    groups = triton.cdiv(H, group_heads(H, q.dtype == torch.float32))
+    groups = triton.cdiv(H, group_heads(H, exact, wg64))
     ns = num_splits or tri.pick_splits(T, groups, n_tiles, q.device, per_sm)
     ns = max(1, min(ns, max(n_tiles, 1)))
     dev = q.device

@@ -113,7 +113,8 @@ def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
     prefill; tiles of 16 in grids of 2 or 3 blocks per SM for small batches. Above 16 heads
     (8 for fp32 q) each block of heads re-reads the records: bf16 q at 17-32 heads in decode,
     at 33-64 heads only at 8-31 tokens; fp32 q at any head count (the Triton exact path is
-    slower still), the half build from 128 tokens."""
+    slower still), the half build from 128 tokens. Above 32 bf16 heads from 32 tokens in decode
+    the 64-head warpgroup kernel (blocks of 64 heads: each record dequantized once a token)."""
     prefill = T >= WORKSPACE_MIN_TOKENS
     if H <= 8:
         if prefill:
@@ -131,6 +132,8 @@ def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
         return "cuda_x2" if 32 <= T < 128 else "cuda32_x2"
     if H <= 32:
         return None if prefill else "cuda_x2" if T < 32 else "cuda32_x2"
+    if 32 <= T and not prefill:
+        return "cuda_wg64_x1"
     return "cuda_x2" if 8 <= T < 32 else None
 
 
@@ -203,6 +206,7 @@ def sparse_attention(
         return cuda_decode.sparse_attention(
             q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
             plan.num_splits, plan.per_sm, plan.block_n, plan.slim, plan.half, wg=plan.wg,
+            wg64=plan.wg64,
         )  # fmt: skip
     if plan.flashmla and T:
         from sglang_dsv41.kernels.sparse_attn import triton_flashmla

@@ -27,7 +27,9 @@ class Plan:
     stages of records); half: its build with two warps a block, each half of the head
     dimension (tiles of 16, one tile buffer, two stages; at most 8 heads a block); wg: the
     warpgroup kernel (cuda_wgmma.cu: wgmma over tiles of 64 entries, producer and consumer
-    warpgroups, one block per SM, blocks of 8 heads; measured, chosen nowhere yet).
+    warpgroups, one block per SM, blocks of 8 heads; measured, chosen nowhere yet); wg64: the
+    64-head warpgroup kernel (cuda_wg64.cu: the heads on wgmma's M axis, tiles of 64 entries,
+    one block per SM, blocks of 64 heads, bf16 q).
     """
 
     block_h: int
@@ -48,6 +50,7 @@ class Plan:
     slim: bool = False
     half: bool = False
     wg: bool = False
+    wg64: bool = False
 
 
 def _variants(H: int) -> dict:
@@ -86,6 +89,9 @@ def _variants(H: int) -> dict:
         cuda["cuda_wg_x1"] = dataclasses.replace(cuda["cuda_x2"], wg=True, per_sm=1)
     if H <= 32:
         return small | cuda
+    cuda["cuda_wg64_x1"] = Plan(
+        block_h=64, block_n=64, num_warps=12, swap=False, cuda=True, wg64=True, per_sm=1
+    )
     return cuda | {
         "direct64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False),
         "direct64_n64": Plan(block_h=64, block_n=64, num_warps=8, swap=False),

@@ -42,7 +42,9 @@ def _max_regs(defines: tuple) -> int:
     """Tiles of 16: three blocks of 128 threads per SM (168 registers; 128, four blocks, at up
     to 8 heads in bf16 and in the slim builds); tiles of 32: two (shared memory allows no
     more); the half builds (blocks of 64 threads): five (204) in bf16, four (255) with fp32
-    q."""
+    q; the warpgroup kernels one block per SM (the 64-head one: 384 threads, 168)."""
+    if "-DWG64=1" in defines:
+        return 168
     if "-DWG=1" in defines:  # one block of 128 (1 + NPW) threads per SM
         return min(255, 65536 // (128 * (1 + cuda_decode._option(defines, "NPW", 1))) // 8 * 8)
     if "-DBN=32" in defines:
@@ -71,7 +73,13 @@ def test_the_builds_are_the_launchers():
     assert cuda_decode.warps(cuda_decode.defines_for(64, True, wg=True)) == 8  # one producer WG
     for x in (False, True):  # one block per SM: at most 227 KB of dynamic shared memory
         assert cuda_decode.smem_bytes(cuda_decode.defines_for(8, x, wg=True)) <= 232448
-    assert len(set(cuda_decode.BUILDS)) == 12
+    wg64 = cuda_decode.defines_for(64, False, wg64=True)
+    assert wg64 == ("-DWG64=1", "-DBN=64") and cuda_decode.warps(wg64) == 12
+    assert cuda_decode.smem_bytes(wg64) <= 232448 and cuda_decode.group_heads(40, False, True) == 64
+    assert cuda_decode.source(wg64)[1] == "sparse_wg64" and cuda_decode.source(wg)[1] == "sparse_wg"
+    assert len(set(cuda_decode.BUILDS)) == 13
+    with pytest.raises(ValueError, match="wg64"):
+        cuda_decode.defines_for(64, True, wg64=True)  # bf16 q only
     with pytest.raises(ValueError, match="slim"):
         cuda_decode.defines_for(8, False, 32, slim=True)
     with pytest.raises(ValueError, match="half"):
@@ -89,8 +97,8 @@ def test_the_kernel_builds_for_sm90a_without_spills(defines, tmp_path):
     """Every build the launcher makes, within the registers of the blocks per SM it is meant to
     run (`_max_regs`); no local memory."""
     _nvrtc_or_skip()
-    src = cuda_jit.load_source(cuda_decode._SRC)
-    cubin = cuda_jit.compile_cubin(src, cuda_decode.NAME, "sm_90a", defines)
+    path, name = cuda_decode.source(defines)
+    cubin = cuda_jit.compile_cubin(cuda_jit.load_source(path), name, "sm_90a", defines)
     r = _resources(cubin, tmp_path)
     assert r["regs"] <= _max_regs(defines) and r["local"] == 0 and r["stack"] == 0, r
 
@@ -167,6 +175,11 @@ def test_shared_memory_per_build():
     assert 2 * (cuda_decode.smem_bytes(b32) + 1024) <= 228 * 1024
     half = cuda_decode.defines_for(8, False, half=True)
     assert cuda_decode.smem_bytes(half) == 2 * 16 * 528 + 2048 + 2 * 2 * (8 * 512 + 512)
+    # the 64-head kernel: two 64 KB tiles, q (64 x 512 bf16), the entry flags of two buffers;
+    # the output rows staged over the tiles and q (64 rows of 520 floats) fit
+    wg64 = cuda_decode.defines_for(64, False, wg64=True)
+    assert cuda_decode.smem_bytes(wg64) == 2 * 65536 + 65536 + 512
+    assert 64 * 520 * 4 <= 3 * 65536
 
 
 def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
@@ -185,7 +198,8 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
         8: {1: "cuda_x3", 31: "cuda_x3", 32: "cuda_x2", 128: "cuda_slim_x4", 4096: "cuda_half_x5"},
         16: {7: "triton", 8: "cuda32_x2", 64: "cuda_x2", 256: "cuda32_x2", 4096: "cuda_x3"},
         32: {1: "cuda_x2", 8: "cuda_x2", 32: "cuda32_x2", 256: "cuda32_x2", 1024: "triton"},
-        64: {1: "triton", 8: "cuda_x2", 31: "cuda_x2", 32: "triton", 4096: "triton"},
+        64: {1: "triton", 8: "cuda_x2", 32: "cuda_wg64_x1", 1023: "cuda_wg64_x1", 4096: "triton"},
+        128: {7: "triton", 32: "cuda_wg64_x1", 4096: "triton"},
     }
     for H, cases in want.items():
         for T, n in cases.items():
@@ -235,9 +249,9 @@ def test_tiles_of_32_over_a_slim_default_drop_slim(monkeypatch):
     assert tri.plan_for(4096, 8, 512, CPU, False).half
     seen = {}
 
-    def fake(*args, wg=False):
+    def fake(*args, wg=False, wg64=False):
         seen["block_n"], seen["slim"], seen["half"] = args[-3:]
-        seen["wg"] = wg
+        seen["wg"] = wg or wg64
 
     monkeypatch.setattr(cuda_decode, "sparse_attention", fake)
     for T in (300, 4096):
