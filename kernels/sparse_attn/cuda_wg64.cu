@@ -34,13 +34,17 @@
 #ifndef ABL_NODEQ
 #define ABL_NODEQ 0
 #endif
+#ifndef PINGPONG
+#define PINGPONG 1
+#endif
 #define TE 64    // entries per tile
 #define NTH 384  // threads per block
 // named barriers: 1 the two consumer warpgroups; 2 + 2 b + c buffer b full for group c; 6, 7
-// buffer b free
+// buffer b free; 8, 9 the logits order (PINGPONG)
 #define BAR_CONS 1
 #define BAR_FULL 2
 #define BAR_FREE 6
+#define BAR_PP 8  // 8, 9: group 0's logits of a tile of that parity are done
 // shared memory (bytes): two tiles, q (64 heads x 512 d as core matrices (db, hb)), the entry
 // flags of both buffers
 #define SM_TILE 65536
@@ -280,6 +284,12 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(
   for (int u = u0; u < u1; ++u) {
     const int b = (u - u0) & 1;
     bar_sync(BAR_FULL + 2 * b + cg, 256);
+#if PINGPONG
+    // group 1 issues its logits after group 0's are done, so that one group's softmax runs
+    // while the other's products use the tensor cores (a barrier per tile parity: group 0 is
+    // never two tiles ahead, the producer waits for both groups to free a buffer)
+    if (cg == 1) bar_sync(BAR_PP + (u & 1), 256);
+#endif
     // S[64 heads, 64 entries]: n8 block j in s[4 j ..] (row r0: 0, 1; r0 + 8: 2, 3)
     float s[32];
 #if ABL_NOQK
@@ -293,6 +303,9 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(
                 kk > 0);
     wg_commit();
     wg_wait0();
+#endif
+#if PINGPONG
+    if (cg == 0) bar_arrive(BAR_PP + (u & 1), 256);
 #endif
     float mx0 = ninf, mx1 = ninf;
 #pragma unroll
