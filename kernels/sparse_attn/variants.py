@@ -87,11 +87,12 @@ def _variants(H: int) -> dict:
         for k in (4, 5):
             cuda[f"cuda_half_x{k}"] = dataclasses.replace(cuda["cuda_x2"], half=True, per_sm=k)
         cuda["cuda_wg_x1"] = dataclasses.replace(cuda["cuda_x2"], wg=True, per_sm=1)
+    if H > 16:  # blocks of 64 heads (32 heads padded to 64)
+        cuda["cuda_wg64_x1"] = Plan(
+            block_h=64, block_n=64, num_warps=12, swap=False, cuda=True, wg64=True, per_sm=1
+        )
     if H <= 32:
         return small | cuda
-    cuda["cuda_wg64_x1"] = Plan(
-        block_h=64, block_n=64, num_warps=12, swap=False, cuda=True, wg64=True, per_sm=1
-    )
     return cuda | {
         "direct64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False),
         "direct64_n64": Plan(block_h=64, block_n=64, num_warps=8, swap=False),
