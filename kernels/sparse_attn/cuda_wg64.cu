@@ -370,32 +370,29 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(
                        split};
   float f0, f1;
   head_factors(ob, sink, has_sink, r0, r0 + 8, m0, m1, l0, l1, cg == 0 && tq == 0, f0, f1);
-  // the rows through shared memory (the tiles and q are no longer read), then stored whole
+  // the rows through shared memory (the tiles and q are no longer read) in the stored order
+  // (pairs of positions 2 tq, 2 tq + 1: one 8-byte store), then stored whole in d order
   float* stage = (float*)smem;  // [64 heads][STAGE_ROW]
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int pos = 256 * cg + 8 * j + 2 * tq + c;  // stored position
-      const int d = (pos & ~7) + PERM8(pos & 7);
-      stage[r0 * STAGE_ROW + d] = o[4 * j + c] * f0;
-      stage[(r0 + 8) * STAGE_ROW + d] = o[4 * j + 2 + c] * f1;
-    }
+    const int pos = 256 * cg + 8 * j + 2 * tq;
+    *(float2*)(stage + r0 * STAGE_ROW + pos) = make_float2(o[4 * j] * f0, o[4 * j + 1] * f0);
+    *(float2*)(stage + (r0 + 8) * STAGE_ROW + pos) = make_float2(o[4 * j + 2] * f1, o[4 * j + 3] * f1);
   }
   bar_sync(BAR_CONS, 256);
-  if (out_kind == 0) {
-    float* po = part + ((long long)t * num_splits + split) * H_all * 512;
-    for (int i = tid; i < H * 128; i += 256) {
-      const int h = i >> 7, c4 = 4 * (i & 127);
-      *(float4*)(po + h * 512 + c4) = *(const float4*)(stage + h * STAGE_ROW + c4);
-    }
-  } else if (out_kind == 1) {
-    for (int i = tid; i < H * 64; i += 256) {
-      const int h = i >> 6, c8 = 8 * (i & 63);
-      const float* sp = stage + h * STAGE_ROW + c8;
-      const float4 a = *(const float4*)sp, b2 = *(const float4*)(sp + 4);
-      const uint4 w = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b2.x, b2.y),
-                                 pack_bf16(b2.z, b2.w));
+  // group i of 8 d of a head: positions 0..7 hold d 0 2 4 6 1 3 5 7 (PERM8)
+  for (int i = tid; i < H * 64; i += 256) {
+    const int h = i >> 6, c8 = 8 * (i & 63);
+    const float4 a = *(const float4*)(stage + h * STAGE_ROW + c8);      // d 0 2 4 6
+    const float4 b2 = *(const float4*)(stage + h * STAGE_ROW + c8 + 4); // d 1 3 5 7
+    const float4 lo = make_float4(a.x, b2.x, a.y, b2.y), hi = make_float4(a.z, b2.z, a.w, b2.w);
+    if (out_kind == 0) {
+      float* po = part + ((long long)t * num_splits + split) * H_all * 512 + h * 512 + c8;
+      *(float4*)po = lo;
+      *(float4*)(po + 4) = hi;
+    } else if (out_kind == 1) {
+      const uint4 w = make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
+                                 pack_bf16(hi.z, hi.w));
       u16* po = (u16*)out + t * stride_ot + h * stride_oh + c8;
       if (((unsigned long long)po & 15) == 0) {
         *(uint4*)po = w;
@@ -404,16 +401,14 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(
 #pragma unroll
         for (int k = 0; k < 4; ++k) po[2 * k] = (u16)(ws[k] & 0xFFFFu), po[2 * k + 1] = (u16)(ws[k] >> 16);
       }
-    }
-  } else {
-    for (int i = tid; i < H * 128; i += 256) {
-      const int h = i >> 7, c4 = 4 * (i & 127);
-      const float4 a = *(const float4*)(stage + h * STAGE_ROW + c4);
-      float* po = (float*)out + t * stride_ot + h * stride_oh + c4;
+    } else {
+      float* po = (float*)out + t * stride_ot + h * stride_oh + c8;
       if (((unsigned long long)po & 15) == 0) {
-        *(float4*)po = a;
+        *(float4*)po = lo;
+        *(float4*)(po + 4) = hi;
       } else {
-        po[0] = a.x, po[1] = a.y, po[2] = a.z, po[3] = a.w;
+        po[0] = lo.x, po[1] = lo.y, po[2] = lo.z, po[3] = lo.w;
+        po[4] = hi.x, po[5] = hi.y, po[6] = hi.z, po[7] = hi.w;
       }
     }
   }
