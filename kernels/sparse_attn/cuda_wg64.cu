@@ -380,19 +380,16 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(
     *(float2*)(stage + (r0 + 8) * STAGE_ROW + pos) = make_float2(o[4 * j + 2] * f1, o[4 * j + 3] * f1);
   }
   bar_sync(BAR_CONS, 256);
-  // group i of 8 d of a head: positions 0..7 hold d 0 2 4 6 1 3 5 7 (PERM8)
-  for (int i = tid; i < H * 64; i += 256) {
-    const int h = i >> 6, c8 = 8 * (i & 63);
-    const float4 a = *(const float4*)(stage + h * STAGE_ROW + c8);      // d 0 2 4 6
-    const float4 b2 = *(const float4*)(stage + h * STAGE_ROW + c8 + 4); // d 1 3 5 7
-    const float4 lo = make_float4(a.x, b2.x, a.y, b2.y), hi = make_float4(a.z, b2.z, a.w, b2.w);
-    if (out_kind == 0) {
-      float* po = part + ((long long)t * num_splits + split) * H_all * 512 + h * 512 + c8;
-      *(float4*)po = lo;
-      *(float4*)(po + 4) = hi;
-    } else if (out_kind == 1) {
-      const uint4 w = make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
-                                 pack_bf16(hi.z, hi.w));
+  // positions 0..7 of a group of 8 d hold d 0 2 4 6 1 3 5 7 (PERM8): d 4 k .. 4 k + 3 are the
+  // pairs of positions 2 k, 2 k + 1 and 2 k + 4, 2 k + 5 (k = 0, 1); consecutive threads store
+  // consecutive 16 B
+  if (out_kind == 1) {  // bf16: a group of 8 d a thread
+    for (int i = tid; i < H * 64; i += 256) {
+      const int h = i >> 6, c8 = 8 * (i & 63);
+      const float4 a = *(const float4*)(stage + h * STAGE_ROW + c8);       // d 0 2 4 6
+      const float4 b2 = *(const float4*)(stage + h * STAGE_ROW + c8 + 4);  // d 1 3 5 7
+      const uint4 w = make_uint4(pack_bf16(a.x, b2.x), pack_bf16(a.y, b2.y), pack_bf16(a.z, b2.z),
+                                 pack_bf16(a.w, b2.w));
       u16* po = (u16*)out + t * stride_ot + h * stride_oh + c8;
       if (((unsigned long long)po & 15) == 0) {
         *(uint4*)po = w;
@@ -401,14 +398,20 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(
 #pragma unroll
         for (int k = 0; k < 4; ++k) po[2 * k] = (u16)(ws[k] & 0xFFFFu), po[2 * k + 1] = (u16)(ws[k] >> 16);
       }
-    } else {
-      float* po = (float*)out + t * stride_ot + h * stride_oh + c8;
+    }
+  } else {  // fp32 partials or rows: 4 d a thread
+    float* base = out_kind == 0 ? part + ((long long)t * num_splits + split) * H_all * 512
+                                : (float*)out + t * stride_ot;
+    const long long row = out_kind == 0 ? 512 : stride_oh;
+    for (int i = tid; i < H * 128; i += 256) {
+      const int h = i >> 7, c4 = 4 * (i & 127), g8 = c4 & ~7, k = (c4 >> 2) & 1;
+      const float2 a = *(const float2*)(stage + h * STAGE_ROW + g8 + 2 * k);
+      const float2 b2 = *(const float2*)(stage + h * STAGE_ROW + g8 + 2 * k + 4);
+      float* po = base + h * row + c4;
       if (((unsigned long long)po & 15) == 0) {
-        *(float4*)po = lo;
-        *(float4*)(po + 4) = hi;
+        *(float4*)po = make_float4(a.x, b2.x, a.y, b2.y);
       } else {
-        po[0] = lo.x, po[1] = lo.y, po[2] = lo.z, po[3] = lo.w;
-        po[4] = hi.x, po[5] = hi.y, po[6] = hi.z, po[7] = hi.w;
+        po[0] = a.x, po[1] = b2.x, po[2] = a.y, po[3] = b2.y;
       }
     }
   }
