@@ -253,30 +253,14 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS) sparse_decode_
     }
   }
 
-  const int n_sw = (W + BN - 1) / BN;
-  const int n_tiles = n_sw + (TOPK + BN - 1) / BN;
-  const int per = (n_tiles + num_splits - 1) / num_splits;
-  const int u0 = split * per;
-  const int u1 = min(u0 + per, n_tiles);
-  const int* sw_row = swa_idx + (long long)t * stride_swt;
-  const int* kv_row = kv_idx + (long long)t * stride_kvt;
+  const EntryTiles tiles =
+      entry_tiles(swa_idx, stride_swt, kv_idx, stride_kvt, t, W, TOPK, BN, num_splits, split);
+  const int n_sw = tiles.n_sw, u0 = tiles.u0, u1 = tiles.u1;
 
   // this lane's entries of tile u (16 et + e_ld, et < ET), -1 beyond the segment
   auto slots_of = [&](int u, int* s) {
 #pragma unroll
-    for (int et = 0; et < ET; ++et) {
-      int v = -1;
-      if (u < u1) {
-        if (u < n_sw) {
-          const int i = BN * u + 16 * et + e_ld;
-          v = i < W ? __ldg(sw_row + i) : -1;
-        } else {
-          const int i = BN * (u - n_sw) + 16 * et + e_ld;
-          v = i < TOPK ? __ldg(kv_row + i) : -1;
-        }
-      }
-      s[et] = v;
-    }
+    for (int et = 0; et < ET; ++et) s[et] = tiles.slot(u, 16 * et + e_ld);
   };
 
   // O^T over the warp's d range: KS tiles of 16 d (M) x NH tiles of 8 heads (N); c0, c1 = (d =

@@ -21,6 +21,7 @@
 // rows with the sink, staged through shared memory and stored as whole rows.
 
 #include "records.cuh"
+#include "warpgroup.cuh"
 
 #ifndef PDL
 #define PDL 1
@@ -53,31 +54,11 @@
 #define SMEM_BYTES (OFF_OK + 512)
 #define STAGE_ROW 520  // floats a row of the output staged over the tiles and q (133 KB)
 
-__device__ __forceinline__ void bar_sync(int id, int n) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void fence_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wg_wait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-
 // the two words of a no-swizzle descriptor: lo = start address >> 4 (14 bits) | LBO >> 4 << 16,
 // hi = SBO >> 4; a byte offset x (a multiple of 16) from the start is lo + x / 16
 __device__ __forceinline__ u32 desc_lo(const void* p, u32 lbo) {
   return (((u32)__cvta_generic_to_shared(p) & 0x3FFFF) >> 4) | ((lbo >> 4) << 16);
 }
-
-// byte offset of a core matrix (K block kb, M / N block mb) of an operand 8 blocks wide in M / N
-__device__ __forceinline__ int cm(int kb, int mb) { return (kb * 8 + mb) * 128; }
 
 // d[32] (+)= A B: m64n64k16, A and B K-major from shared memory
 __device__ __forceinline__ void wgmma_n64(float* d, u32 da, u32 db, u32 dhi, int accumulate) {
@@ -149,22 +130,10 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(
   lse += hg0;
   const int tid = threadIdx.x;
 
-  const int n_sw = (W + TE - 1) / TE;
-  const int n_tiles = n_sw + (TOPK + TE - 1) / TE;
-  const int per = (n_tiles + num_splits - 1) / num_splits;
-  const int u0 = split * per;
-  const int u1 = min(u0 + per, n_tiles);
-  const int* sw_row = swa_idx + (long long)t * stride_swt;
-  const int* kv_row = kv_idx + (long long)t * stride_kvt;
-  auto slot_of = [&](int u, int e) {  // entry e of tile u, -1 beyond the segment or split
-    if (u >= u1) return -1;
-    if (u < n_sw) {
-      const int i = TE * u + e;
-      return i < W ? __ldg(sw_row + i) : -1;
-    }
-    const int i = TE * (u - n_sw) + e;
-    return i < TOPK ? __ldg(kv_row + i) : -1;
-  };
+  const EntryTiles tiles =
+      entry_tiles(swa_idx, stride_swt, kv_idx, stride_kvt, t, W, TOPK, TE, num_splits, split);
+  const int n_sw = tiles.n_sw, u0 = tiles.u0, u1 = tiles.u1;
+  auto slot_of = [&](int u, int e) { return tiles.slot(u, e); };
   int* okf = (int*)(smem + OFF_OK);  // [2 buffers][64 entries]
 
   if (tid >= 256) {  // ---------------------------------------------------------- producer

@@ -19,6 +19,7 @@
 // rows with the sink.
 
 #include "records.cuh"
+#include "warpgroup.cuh"
 
 #ifndef EXACT
 #define EXACT 0
@@ -53,23 +54,6 @@
 #define OFF_P (OFF_Q + QP * 8192)
 #define OFF_RED (OFF_P + QP * 1024)
 
-__device__ __forceinline__ void bar_sync(int id, int n) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void fence_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wg_wait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-
 // no-swizzle matrix descriptor: start address, LBO (between core matrices along K), SBO (along
 // M or N), all in bytes
 __device__ __forceinline__ unsigned long long desc(const void* p, u32 lbo, u32 sbo) {
@@ -89,9 +73,6 @@ __device__ __forceinline__ void wgmma8(float* d, unsigned long long da, unsigned
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
 }
-
-// byte offset of a tile's core matrix (d block db, entry block eb)
-__device__ __forceinline__ int cm(int db, int eb) { return (db * 8 + eb) * 128; }
 
 extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(
     const void* __restrict__ q, long long stride_qt, long long stride_qh,
@@ -139,22 +120,10 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(
   fence_async_smem();
   __syncthreads();
 
-  const int n_sw = (W + TE - 1) / TE;
-  const int n_tiles = n_sw + (TOPK + TE - 1) / TE;
-  const int per = (n_tiles + num_splits - 1) / num_splits;
-  const int u0 = split * per;
-  const int u1 = min(u0 + per, n_tiles);
-  const int* sw_row = swa_idx + (long long)t * stride_swt;
-  const int* kv_row = kv_idx + (long long)t * stride_kvt;
-  auto slot_of = [&](int u, int e) {  // entry e of tile u, -1 beyond the segment or split
-    if (u >= u1) return -1;
-    if (u < n_sw) {
-      const int i = TE * u + e;
-      return i < W ? __ldg(sw_row + i) : -1;
-    }
-    const int i = TE * (u - n_sw) + e;
-    return i < TOPK ? __ldg(kv_row + i) : -1;
-  };
+  const EntryTiles tiles =
+      entry_tiles(swa_idx, stride_swt, kv_idx, stride_kvt, t, W, TOPK, TE, num_splits, split);
+  const int n_sw = tiles.n_sw, u0 = tiles.u0, u1 = tiles.u1;
+  auto slot_of = [&](int u, int e) { return tiles.slot(u, e); };
 
   if (tid >= 128) {  // ---------------------------------------------------------- producer
     // thread p: entry e of the tile, d in [DP h, DP h + DP)

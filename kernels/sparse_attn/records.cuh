@@ -118,6 +118,44 @@ __device__ __forceinline__ void cp8(void* dst, const void* src, int n) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(a), "l"(src), "r"(n));
 }
 
+// A token's entry list cut in tiles of `te` entries, its SWA window (W slots) first, then its
+// top-k list (TOPK), and this block's split of the tiles, [u0, u1).
+struct EntryTiles {
+  const int* sw_row;  // the token's window slots [W]
+  const int* kv_row;  // its top-k slots [TOPK]
+  int W, TOPK, te, n_sw, u0, u1;
+
+  // the slot of entry e of tile u; -1 beyond the segment or the split (and the lists' padding)
+  __device__ __forceinline__ int slot(int u, int e) const {
+    if (u >= u1) return -1;
+    if (u < n_sw) {
+      const int i = te * u + e;
+      return i < W ? __ldg(sw_row + i) : -1;
+    }
+    const int i = te * (u - n_sw) + e;
+    return i < TOPK ? __ldg(kv_row + i) : -1;
+  }
+};
+
+// token t's tiles of te entries and split `split` of num_splits (each a ceil share of the tiles)
+__device__ __forceinline__ EntryTiles entry_tiles(const int* swa_idx, long long stride_swt,
+                                                  const int* kv_idx, long long stride_kvt, int t,
+                                                  int W, int TOPK, int te, int num_splits,
+                                                  int split) {
+  EntryTiles r;
+  r.sw_row = swa_idx + (long long)t * stride_swt;
+  r.kv_row = kv_idx + (long long)t * stride_kvt;
+  r.W = W;
+  r.TOPK = TOPK;
+  r.te = te;
+  r.n_sw = (W + te - 1) / te;
+  const int n_tiles = r.n_sw + (TOPK + te - 1) / te;
+  const int per = (n_tiles + num_splits - 1) / num_splits;
+  r.u0 = split * per;
+  r.u1 = min(r.u0 + per, n_tiles);
+  return r;
+}
+
 // stored position -> d inside a group of 8 (the dequantization's order 0 2 4 6 1 3 5 7)
 #define PERM8(p) ((((p) & 3) << 1) | ((p) >> 2))
 
