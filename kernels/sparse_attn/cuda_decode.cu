@@ -258,10 +258,7 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS) sparse_decode_
   const int n_sw = tiles.n_sw, u0 = tiles.u0, u1 = tiles.u1;
 
   // this lane's entries of tile u (16 et + e_ld, et < ET), -1 beyond the segment
-  auto slots_of = [&](int u, int* s) {
-#pragma unroll
-    for (int et = 0; et < ET; ++et) s[et] = tiles.slot(u, 16 * et + e_ld);
-  };
+  auto slots_of = [&](int u, int* s) { tiles.slots<ET>(u, e_ld, s); };
 
   // O^T over the warp's d range: KS tiles of 16 d (M) x NH tiles of 8 heads (N); c0, c1 = (d =
   // g, heads 2 tq, 2 tq + 1), c2, c3 = (d = g + 8, same heads)

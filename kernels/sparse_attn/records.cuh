@@ -125,15 +125,30 @@ struct EntryTiles {
   const int* kv_row;  // its top-k slots [TOPK]
   int W, TOPK, te, n_sw, u0, u1;
 
-  // the slot of entry e of tile u; -1 beyond the segment or the split (and the lists' padding)
-  __device__ __forceinline__ int slot(int u, int e) const {
-    if (u >= u1) return -1;
-    if (u < n_sw) {
-      const int i = te * u + e;
-      return i < W ? __ldg(sw_row + i) : -1;
+  // the slots of entries e0 + 16 k (k < N) of tile u: -1 beyond the segment or the split (and
+  // the lists' own -1 padding); the tile's checks made once for the N
+  template <int N>
+  __device__ __forceinline__ void slots(int u, int e0, int* s) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      int v = -1;
+      if (u < u1) {
+        if (u < n_sw) {
+          const int i = te * u + 16 * k + e0;
+          v = i < W ? __ldg(sw_row + i) : -1;
+        } else {
+          const int i = te * (u - n_sw) + 16 * k + e0;
+          v = i < TOPK ? __ldg(kv_row + i) : -1;
+        }
+      }
+      s[k] = v;
     }
-    const int i = te * (u - n_sw) + e;
-    return i < TOPK ? __ldg(kv_row + i) : -1;
+  }
+  // the slot of entry e of tile u
+  __device__ __forceinline__ int slot(int u, int e) const {
+    int s;
+    slots<1>(u, e, &s);
+    return s;
   }
 };
 
