@@ -2,21 +2,23 @@
 use by NVRTC (`cuda_jit`): the 8 / 16 heads per GPU of V4.1 served with tensor parallelism over
 8 / 4 GPUs (more heads run as groups of 16, each block re-reading the records).
 
-Each warp owns a quarter of the head dimension (a half in the half build) for a whole tile of
-16 or 32 entries (its own dequantized tile, q's part in registers); only the logits are summed
+Each warp owns a quarter of the head dimension (a half in the half build) for a whole tile of 16
+or 32 entries (its own dequantized tile, q's part in registers); only the logits are summed
 across the warps, so there is one block barrier a tile and no warp re-reads q or another warp's
 records (the Triton kernel, whose warps split the entries, does both; benchmarks/RESULTS.md).
-The wg build is another kernel with the same arguments (`cuda_wgmma.cu`: wgmma over 64-entry
-tiles, producer and consumer warpgroups), measured and not chosen by the plan. Same arguments and
-meaning as `triton.sparse_attention`; fp32 q (the exact path) splits q and P into three exact
-bf16 parts, as the Triton exact path does. The torch reference is
+Two more kernels take the same arguments: the wg build (`cuda_wgmma.cu`: wgmma over 64-entry
+tiles, producer and consumer warpgroups, blocks of 8 heads), measured and not chosen by the
+plan, and the wg64 build (`cuda_wg64.cu`: blocks of 64 bf16 heads on wgmma's M axis, each record
+dequantized once a token), the plan's choice above 16 heads from 32 decode tokens. Same
+arguments and meaning as `triton.sparse_attention`; fp32 q (the exact path) splits q and P into
+three exact bf16 parts, as the Triton exact path does. The torch reference is
 `kernels.sparse_attn.ref.sparse_attention_ref` (the GPU tests compare every shape with it).
 
 Runs where: SM90 (H100 / H200), bf16 or fp32 q [T, H, 512] (blocks of 8 heads at up to 8 bf16
-heads and for fp32 q, else 16), V41 SWA records and V41 or V41_FP4 main-KV records with
-contiguous rows, NVRTC loadable (PyTorch's CUDA wheels bring it). Not run on any other GPU.
-`available(device)` says whether it does here, building once and keeping the reason when not;
-the launcher (`triton.plan_for`) then keeps the Triton kernels.
+heads and for fp32 q, else 16; 64 in the wg64 build), V41 SWA records and V41 or V41_FP4 main-KV
+records with contiguous rows, NVRTC loadable (PyTorch's CUDA wheels bring it). Not run on any
+other GPU. `available(device)` says whether it does here, building once and keeping the reason
+when not; the launcher (`triton.plan_for`) then keeps the Triton kernels.
 """
 
 from __future__ import annotations
