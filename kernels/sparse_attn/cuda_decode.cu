@@ -169,13 +169,8 @@ __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, in
 #define KBUF (BN == 16 ? 2 : 1)  // dequantized tile buffers per warp (2: the next one early)
 #endif
 
-extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS) sparse_decode_h16(
-    const void* __restrict__ q, long long stride_qt, long long stride_qh,
-    const u8* __restrict__ swa, const int* __restrict__ swa_idx, long long stride_swt,
-    const u8* __restrict__ kv, const int* __restrict__ kv_idx, long long stride_kvt, int kv_fp4,
-    const float* __restrict__ sink, int has_sink, float* __restrict__ part,
-    float* __restrict__ lse, void* __restrict__ out, long long stride_ot, long long stride_oh,
-    int out_kind, int H_all, int W, int TOPK, int num_splits, float qk_scale) {
+extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS)
+    sparse_decode_h16(SPARSE_ATTN_PARAMS) {
   // out_kind: 0 = fp32 partials part [T, NS, H, D] + lse [T, NS, H]; 1 = bf16 out; 2 = fp32 out
   extern __shared__ __align__(16) unsigned char smem[];  // SMEM_BYTES(STAGES), cuda_decode.py
   // [KBUF][warp] dequantized tiles, [2][warp][RED_N] logit fragments, [STAGES][warp][ET] staging

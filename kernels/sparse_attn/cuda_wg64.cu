@@ -113,13 +113,7 @@ __device__ __forceinline__ void wgmma_n256_rs(float* d, const u32* a, u32 db, u3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(db), "r"(dhi), "r"(1));
 }
 
-extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(
-    const void* __restrict__ q, long long stride_qt, long long stride_qh,
-    const u8* __restrict__ swa, const int* __restrict__ swa_idx, long long stride_swt,
-    const u8* __restrict__ kv, const int* __restrict__ kv_idx, long long stride_kvt, int kv_fp4,
-    const float* __restrict__ sink, int has_sink, float* __restrict__ part,
-    float* __restrict__ lse, void* __restrict__ out, long long stride_ot, long long stride_oh,
-    int out_kind, int H_all, int W, int TOPK, int num_splits, float qk_scale) {
+extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PARAMS) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int t = blockIdx.x, split = blockIdx.y;
   const int hg0 = 64 * blockIdx.z, H = min(64, H_all - hg0);

@@ -74,13 +74,7 @@ __device__ __forceinline__ void wgmma8(float* d, unsigned long long da, unsigned
       : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
 }
 
-extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(
-    const void* __restrict__ q, long long stride_qt, long long stride_qh,
-    const u8* __restrict__ swa, const int* __restrict__ swa_idx, long long stride_swt,
-    const u8* __restrict__ kv, const int* __restrict__ kv_idx, long long stride_kvt, int kv_fp4,
-    const float* __restrict__ sink, int has_sink, float* __restrict__ part,
-    float* __restrict__ lse, void* __restrict__ out, long long stride_ot, long long stride_oh,
-    int out_kind, int H_all, int W, int TOPK, int num_splits, float qk_scale) {
+extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(SPARSE_ATTN_PARAMS) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int t = blockIdx.x, split = blockIdx.y;
   const int hg0 = 8 * blockIdx.z, H = min(8, H_all - hg0);

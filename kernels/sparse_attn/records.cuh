@@ -119,6 +119,21 @@ __device__ __forceinline__ void cp8(void* dst, const void* src, int n) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(a), "l"(src), "r"(n));
 }
 
+// The parameters of every sparse-attention kernel, in the order cuda_decode.py's launcher passes
+// them: q [T, H_all, 512] (bf16, fp32 with EXACT) and its strides; the SWA cache (V41 rows), the
+// window slots [T, W] and their row stride; the main-KV cache (V41_FP4 rows if kv_fp4, else
+// V41), the top-k slots [T, TOPK] and their row stride; the sink [H_all] (if has_sink); the
+// fp32 partials and log-sum-exps (out_kind 0) or the output rows (1 bf16, 2 fp32) with their
+// strides; the splits per token and the logit scale times log2(e).
+#define SPARSE_ATTN_PARAMS                                                                    \
+  const void *__restrict__ q, long long stride_qt, long long stride_qh,                       \
+      const u8 *__restrict__ swa, const int *__restrict__ swa_idx, long long stride_swt,      \
+      const u8 *__restrict__ kv, const int *__restrict__ kv_idx, long long stride_kvt,        \
+      int kv_fp4, const float *__restrict__ sink, int has_sink, float *__restrict__ part,     \
+      float *__restrict__ lse, void *__restrict__ out, long long stride_ot,                   \
+      long long stride_oh, int out_kind, int H_all, int W, int TOPK, int num_splits,          \
+      float qk_scale
+
 // A token's entry list cut in tiles of `te` entries, its SWA window (W slots) first, then its
 // top-k list (TOPK), and this block's split of the tiles, [u0, u1).
 struct EntryTiles {
