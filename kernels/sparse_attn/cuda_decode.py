@@ -91,7 +91,7 @@ def smem_bytes(defines: tuple = ()) -> int:
     buffers of logit fragments (512 B per 16 entries and tile of 8 heads), and per stage of
     the record ring, per 16 entries, DQ / 32 chunks of 512 B and the scale words (256 B at NW
     4, 512 B at NW 2) (defaults NW 4, NH 2, BN 16, KBUF 2 at BN 16 else 1, STAGES 3)."""
-    if "-DWG64=1" in defines:  # two 64 KB tiles, q, P, the maxima and entry flags
+    if "-DWG64=1" in defines:  # two 64 KB tiles, q (64 x 512 bf16), the entry flags
         return WG64_SMEM
     if "-DWG=1" in defines:  # two 64 KB tiles, two stages of 34 KB, q and P^T parts, maxima
         qp = 3 if "-DEXACT=1" in defines else 1
