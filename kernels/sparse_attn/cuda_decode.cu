@@ -183,8 +183,8 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS)
   const int hg0 = 8 * NH * blockIdx.z, H = min(8 * NH, H_all - hg0);
   q = (const unsigned char*)q + (long long)hg0 * stride_qh * (EXACT ? 4 : 2);
   sink += has_sink ? hg0 : 0;
-  out = (unsigned char*)out + (out_kind ? (long long)hg0 * stride_oh * (out_kind == 1 ? 2 : 4) : 0);
-  part += hg0 * 512;  // partials [T, NS, H_all, 512], lse [T, NS, H_all]
+  part = part_heads(part, out_kind, hg0);  // partials [T, NS, H_all, 512], or out's rows
+  out = out_heads(out, out_kind, hg0, stride_oh);
   lse += hg0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;

@@ -274,10 +274,11 @@ def sparse_attention(
     ns = num_splits or tri.pick_splits(T, groups, n_tiles, q.device, per_sm)
     ns = max(1, min(ns, max(n_tiles, 1)))
     dev = q.device
-    if ns > 1:
-        part = torch.empty(T, ns, H, D, dtype=torch.float32, device=dev)
+    if ns > 1:  # the wg64 kernel's partials in a bf16 output's precision, else fp32
+        bf16 = wg64 and out.dtype == torch.bfloat16
+        part = torch.empty(T, ns, H, D, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
         lse = torch.empty(T, ns, H, dtype=torch.float32, device=dev)
-        kind = 0
+        kind = 3 if bf16 else 0
     else:
         part = lse = torch.empty(0, dtype=torch.float32, device=dev)
         kind = 1 if out.dtype == torch.bfloat16 else 2

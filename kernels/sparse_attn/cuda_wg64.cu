@@ -17,8 +17,9 @@
 //    operand of P V (O[64 heads, 256 d] += P[64, 64] V, m64n256k16 with V the same tile
 //    through the transposed-B descriptor); each then frees the buffer.
 // setmaxnreg gives the consumers 200 registers (the 128 of O) and the producer 104.
-// Output as cuda_decode.cu: fp32 partials with base-2 log-sum-exps, or with one split the final
-// rows with the sink, staged through shared memory and stored as whole rows.
+// Output: partials with base-2 log-sum-exps (bf16 for a bf16 output: half the bytes to store and
+// merge; else fp32), or with one split the final rows with the sink, staged through shared
+// memory and stored as whole rows.
 
 #include "records.cuh"
 #include "warpgroup.cuh"
@@ -119,8 +120,8 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
   const int hg0 = 64 * blockIdx.z, H = min(64, H_all - hg0);
   q = (const u16*)q + (long long)hg0 * stride_qh;
   sink += has_sink ? hg0 : 0;
-  out = (unsigned char*)out + (out_kind ? (long long)hg0 * stride_oh * (out_kind == 1 ? 2 : 4) : 0);
-  part += hg0 * 512;
+  part = part_heads(part, out_kind, hg0);  // partials [T, NS, H_all, 512], or out's rows
+  out = out_heads(out, out_kind, hg0, stride_oh);
   lse += hg0;
   const int tid = threadIdx.x;
 
@@ -346,14 +347,17 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
   // positions 0..7 of a group of 8 d hold d 0 2 4 6 1 3 5 7 (PERM8): d 4 k .. 4 k + 3 are the
   // pairs of positions 2 k, 2 k + 1 and 2 k + 4, 2 k + 5 (k = 0, 1); consecutive threads store
   // consecutive 16 B
-  if (out_kind == 1) {  // bf16: a group of 8 d a thread
+  if (out_kind == 1 || out_kind == 3) {  // bf16 rows or partials: a group of 8 d a thread
+    u16* base = out_kind == 1 ? (u16*)out + t * stride_ot
+                              : (u16*)part + ((long long)t * num_splits + split) * H_all * 512;
+    const long long row = out_kind == 1 ? stride_oh : 512;
     for (int i = tid; i < H * 64; i += 256) {
       const int h = i >> 6, c8 = 8 * (i & 63);
       const float4 a = *(const float4*)(stage + h * STAGE_ROW + c8);       // d 0 2 4 6
       const float4 b2 = *(const float4*)(stage + h * STAGE_ROW + c8 + 4);  // d 1 3 5 7
       const uint4 w = make_uint4(pack_bf16(a.x, b2.x), pack_bf16(a.y, b2.y), pack_bf16(a.z, b2.z),
                                  pack_bf16(a.w, b2.w));
-      u16* po = (u16*)out + t * stride_ot + h * stride_oh + c8;
+      u16* po = base + h * row + c8;
       if (((unsigned long long)po & 15) == 0) {
         *(uint4*)po = w;
       } else {

@@ -80,8 +80,8 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(SPARSE_ATTN_PARAM
   const int hg0 = 8 * blockIdx.z, H = min(8, H_all - hg0);
   q = (const unsigned char*)q + (long long)hg0 * stride_qh * (EXACT ? 4 : 2);
   sink += has_sink ? hg0 : 0;
-  out = (unsigned char*)out + (out_kind ? (long long)hg0 * stride_oh * (out_kind == 1 ? 2 : 4) : 0);
-  part += hg0 * 512;
+  part = part_heads(part, out_kind, hg0);  // partials [T, NS, H_all, 512], or out's rows
+  out = out_heads(out, out_kind, hg0, stride_oh);
   lse += hg0;
   const int tid = threadIdx.x;
 

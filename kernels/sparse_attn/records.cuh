@@ -123,8 +123,8 @@ __device__ __forceinline__ void cp8(void* dst, const void* src, int n) {
 // them: q [T, H_all, 512] (bf16, fp32 with EXACT) and its strides; the SWA cache (V41 rows), the
 // window slots [T, W] and their row stride; the main-KV cache (V41_FP4 rows if kv_fp4, else
 // V41), the top-k slots [T, TOPK] and their row stride; the sink [H_all] (if has_sink); the
-// fp32 partials and log-sum-exps (out_kind 0) or the output rows (1 bf16, 2 fp32) with their
-// strides; the splits per token and the logit scale times log2(e).
+// partials and log-sum-exps (out_kind 0 fp32, 3 bf16) or the output rows (1 bf16, 2 fp32) with
+// their strides; the splits per token and the logit scale times log2(e).
 #define SPARSE_ATTN_PARAMS                                                                    \
   const void *__restrict__ q, long long stride_qt, long long stride_qh,                       \
       const u8 *__restrict__ swa, const int *__restrict__ swa_idx, long long stride_swt,      \
@@ -190,9 +190,10 @@ __device__ __forceinline__ EntryTiles entry_tiles(const int* swa_idx, long long 
 // stored position -> d inside a group of 8 (the dequantization's order 0 2 4 6 1 3 5 7)
 #define PERM8(p) ((((p) & 3) << 1) | ((p) >> 2))
 
-// Where a block writes: out_kind 0 = fp32 partials part [T, NS, H_all, 512] and base-2
-// log-sum-exps lse [T, NS, H_all]; 1 / 2 = the final rows of out (bf16 / fp32) with the sink.
-// The pointers start at the block's first head; H of its heads exist.
+// Where a block writes: out_kind 0 / 3 = partials part [T, NS, H_all, 512] (fp32 / bf16: bf16
+// only from the wg64 kernel, for a bf16 output) and base-2 log-sum-exps lse [T, NS, H_all]; 1 / 2
+// = the final rows of out (bf16 / fp32) with the sink. store_pair writes kinds 0-2. The pointers start at the block's first
+// head (part_heads, out_heads); H of its heads exist.
 struct BlockOut {
   float* part;
   float* lse;
@@ -200,6 +201,17 @@ struct BlockOut {
   long long stride_ot, stride_oh;
   int out_kind, H_all, H, num_splits, t, split;
 };
+
+__device__ __forceinline__ bool partial_kind(int out_kind) { return out_kind == 0 || out_kind == 3; }
+
+// part, or out's rows, from the block's first head hg0 on (kernel entry)
+__device__ __forceinline__ float* part_heads(float* part, int out_kind, int hg0) {
+  return out_kind == 3 ? (float*)((u16*)part + hg0 * 512) : part + hg0 * 512;
+}
+__device__ __forceinline__ void* out_heads(void* out, int out_kind, int hg0, long long stride_oh) {
+  if (partial_kind(out_kind)) return out;
+  return (unsigned char*)out + hg0 * stride_oh * (out_kind == 1 ? 2 : 4);
+}
 
 // The output factors of heads ha, hb from their softmax state (base-2 maxima m, sums l over
 // the block's entries): with one split the softmax over the entries and the sink (sink [H],
@@ -209,7 +221,7 @@ __device__ __forceinline__ void head_factors(const BlockOut& o, const float* sin
                                              int ha, int hb, float m_a, float m_b, float l_a,
                                              float l_b, bool lse_lane, float& f_a, float& f_b) {
   const float ninf = -__int_as_float(0x7F800000);
-  if (o.out_kind == 0) {
+  if (partial_kind(o.out_kind)) {
     f_a = l_a > 0.f ? 1.f / l_a : 0.f;
     f_b = l_b > 0.f ? 1.f / l_b : 0.f;
     if (lse_lane) {

@@ -111,11 +111,10 @@ def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
     fp32 q); above, tiles of 32 ("cuda32_x2": two blocks per SM) for
     large decode batches and tiles of 16 (three blocks per SM, the records read from L2) in
     prefill; tiles of 16 in grids of 2 or 3 blocks per SM for small batches. Above 16 heads
-    (8 for fp32 q) each block of heads re-reads the records: bf16 q at 17-32 heads below 32
-    tokens, at 33-64 heads at 8-31 tokens; fp32 q at any head count (the Triton exact path is
-    slower still), the half build from 128 tokens. Above 16 bf16 heads from 32 tokens in decode
-    the 64-head warpgroup kernel (blocks of 64 heads, 32 padded: each record dequantized once a
-    token)."""
+    (8 for fp32 q) each block of heads re-reads the records: bf16 q at 17-32 heads below 8
+    tokens; fp32 q at any head count (the Triton exact path is slower still), the half build
+    from 128 tokens. Above 16 bf16 heads from 8 tokens in decode the 64-head warpgroup kernel
+    (blocks of 64 heads, 32 padded: each record dequantized once a token)."""
     prefill = T >= WORKSPACE_MIN_TOKENS
     if H <= 8:
         if prefill:
@@ -131,11 +130,9 @@ def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
         if prefill:
             return "cuda_x3"
         return "cuda_x2" if 32 <= T < 128 else "cuda32_x2"
-    if 32 <= T and not prefill:  # 17-64 heads (and blocks of 64 above)
+    if 8 <= T and not prefill:  # 17-64 heads (and blocks of 64 above)
         return "cuda_wg64_x1"
-    if H <= 32:
-        return None if prefill else "cuda_x2"
-    return "cuda_x2" if 8 <= T < 32 else None
+    return "cuda_x2" if H <= 32 and not prefill else None
 
 
 def _cuda_ok(device: torch.device) -> bool:

@@ -213,9 +213,9 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     want = {
         8: {1: "cuda_x3", 31: "cuda_x3", 32: "cuda_x2", 128: "cuda_slim_x4", 4096: "cuda_half_x5"},
         16: {7: "triton", 8: "cuda32_x2", 64: "cuda_x2", 256: "cuda32_x2", 4096: "cuda_x3"},
-        32: {1: "cuda_x2", 8: "cuda_x2", 32: "cuda_wg64_x1", 256: "cuda_wg64_x1", 1024: "triton"},
-        64: {1: "triton", 8: "cuda_x2", 32: "cuda_wg64_x1", 1023: "cuda_wg64_x1", 4096: "triton"},
-        128: {7: "triton", 32: "cuda_wg64_x1", 4096: "triton"},
+        32: {1: "cuda_x2", 7: "cuda_x2", 8: "cuda_wg64_x1", 256: "cuda_wg64_x1", 1024: "triton"},
+        64: {1: "triton", 7: "triton", 8: "cuda_wg64_x1", 1023: "cuda_wg64_x1", 4096: "triton"},
+        128: {7: "triton", 8: "cuda_wg64_x1", 4096: "triton"},
     }
     for H, cases in want.items():
         for T, n in cases.items():

@@ -346,7 +346,8 @@ def _cuda_or_skip():
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, build):
     """The CUDA kernel (cuda_decode) at one and several blocks of heads, tiles of 16 and 32,
-    split and unsplit, fp32 and bf16 out; a token that sees only the sink gets zeros."""
+    split and unsplit, fp32 and bf16 out (split: bf16 partials, within the 2x rule; unsplit: the
+    fp32 rows' rounding only); a token that sees only the sink gets zeros."""
     _cuda_or_skip()
     if (build["half"] or build["wg"]) and H > 8:
         pytest.skip("the half and wg builds take blocks of 8 heads (bf16 q: up to 8 heads)")
@@ -354,12 +355,17 @@ def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, build):
         H = 128  # two blocks of 64 heads
     q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
     launch = dict(cuda=True, num_splits=num_splits, **build)
-    out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, **launch)
+    out, _, err_bf = _check(q, swa, sw, kv, tk, layout, sink, **launch)
     if T > 2:
         assert (out[2] == 0).all()
     skv = SparseKV(swa, sw, kv, tk, layout)
-    bf = sparse_attention(q, skv, sink, **launch)  # bf16 out
-    torch.testing.assert_close(bf.float(), out, rtol=2**-8, atol=1e-5)  # out's rounding only
+    bf = sparse_attention(q, skv, sink, **launch).float()  # bf16 out
+    ref = sparse_attention_ref(q, skv, sink, None, torch.float32)
+    assert ((bf - ref).norm() / ref.norm()).item() <= 2 * err_bf + 1e-6
+    if T > 2:
+        assert (bf[2] == 0).all()
+    if num_splits == 1:
+        torch.testing.assert_close(bf, out, rtol=2**-8, atol=1e-5)  # out's rounding only
 
 
 @pytest.mark.parametrize("build", CUDA_BUILDS)
@@ -383,8 +389,8 @@ def test_cuda_kernel_graph_capture_and_default_plan():
     assert not tri.plan_for(7, 16, 512, DEV, False).cuda
     assert tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q at 8 heads: the exact mode
     assert tri.plan_for(64, 64, 512, DEV, True).cuda  # and at 64, in blocks of 8 heads
-    assert tri.plan_for(8, 64, 512, DEV, False).cuda  # bf16 q at 64 heads: 8-31 tokens
-    assert tri.plan_for(32, 64, 512, DEV, False).wg64  # and the 64-head kernel from 32 in decode
+    assert tri.plan_for(8, 64, 512, DEV, False).wg64  # bf16 q at 64 heads: the 64-head kernel
+    assert tri.plan_for(7, 32, 512, DEV, False).cuda  # 32 heads below 8 tokens: blocks of 16
     assert not tri.plan_for(1, 64, 512, DEV, False).cuda
     assert tri.plan_for(200, 16, 512, DEV, False).block_n == 32  # tiles of 32 from 128 tokens
     assert tri.plan_for(1100, 8, 512, DEV, False).half  # prefill at up to 8 heads
