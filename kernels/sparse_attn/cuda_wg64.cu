@@ -53,7 +53,7 @@
 #define OFF_Q (2 * SM_TILE)
 #define OFF_OK (OFF_Q + 65536)
 #define SMEM_BYTES (OFF_OK + 512)
-#define STAGE_ROW 520  // floats a row of the output staged over the tiles and q (133 KB)
+#define STAGE_ROW 520  // floats (bf16: halves) a row of the output staged over the tiles and q
 
 // the two words of a no-swizzle descriptor: lo = start address >> 4 (14 bits) | LBO >> 4 << 16,
 // hi = SBO >> 4; a byte offset x (a multiple of 16) from the start is lo + x / 16
@@ -334,29 +334,28 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
                        split};
   float f0, f1;
   head_factors(ob, sink, has_sink, r0, r0 + 8, m0, m1, l0, l1, cg == 0 && tq == 0, f0, f1);
-  // the rows through shared memory (the tiles and q are no longer read) in the stored order
-  // (pairs of positions 2 tq, 2 tq + 1: one 8-byte store), then stored whole in d order
-  float* stage = (float*)smem;  // [64 heads][STAGE_ROW]
+  // the rows through shared memory (the tiles and q are no longer read) in the stored order,
+  // then stored whole in d order (consecutive threads: consecutive 16 B). Positions 0..7 of a
+  // group of 8 d hold d 0 2 4 6 1 3 5 7 (PERM8).
+  if (out_kind == 1 || out_kind == 3) {  // bf16 rows or partials: staged as bf16 pairs
+    // a thread's pair of positions 2 tq, 2 tq + 1 is one word; a group's words (d 0 2), (4 6),
+    // (1 3), (5 7) give (d 0 1), (2 3), (4 5), (6 7) by byte permutes
+    u32* stage = (u32*)smem;  // [64 heads][STAGE_ROW / 2] (a row: 512 d + 8 pad, bf16)
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const int pos = 256 * cg + 8 * j + 2 * tq;
-    *(float2*)(stage + r0 * STAGE_ROW + pos) = make_float2(o[4 * j] * f0, o[4 * j + 1] * f0);
-    *(float2*)(stage + (r0 + 8) * STAGE_ROW + pos) = make_float2(o[4 * j + 2] * f1, o[4 * j + 3] * f1);
-  }
-  bar_sync(BAR_CONS, 256);
-  // positions 0..7 of a group of 8 d hold d 0 2 4 6 1 3 5 7 (PERM8): d 4 k .. 4 k + 3 are the
-  // pairs of positions 2 k, 2 k + 1 and 2 k + 4, 2 k + 5 (k = 0, 1); consecutive threads store
-  // consecutive 16 B
-  if (out_kind == 1 || out_kind == 3) {  // bf16 rows or partials: a group of 8 d a thread
+    for (int j = 0; j < 32; ++j) {
+      const int w = (256 * cg + 8 * j + 2 * tq) >> 1;
+      stage[r0 * (STAGE_ROW / 2) + w] = pack_bf16(o[4 * j] * f0, o[4 * j + 1] * f0);
+      stage[(r0 + 8) * (STAGE_ROW / 2) + w] = pack_bf16(o[4 * j + 2] * f1, o[4 * j + 3] * f1);
+    }
+    bar_sync(BAR_CONS, 256);
     u16* base = out_kind == 1 ? (u16*)out + t * stride_ot
                               : (u16*)part + ((long long)t * num_splits + split) * H_all * 512;
     const long long row = out_kind == 1 ? stride_oh : 512;
-    for (int i = tid; i < H * 64; i += 256) {
+    for (int i = tid; i < H * 64; i += 256) {  // a group of 8 d a thread
       const int h = i >> 6, c8 = 8 * (i & 63);
-      const float4 a = *(const float4*)(stage + h * STAGE_ROW + c8);       // d 0 2 4 6
-      const float4 b2 = *(const float4*)(stage + h * STAGE_ROW + c8 + 4);  // d 1 3 5 7
-      const uint4 w = make_uint4(pack_bf16(a.x, b2.x), pack_bf16(a.y, b2.y), pack_bf16(a.z, b2.z),
-                                 pack_bf16(a.w, b2.w));
+      const uint4 v = *(const uint4*)(stage + h * (STAGE_ROW / 2) + (c8 >> 1));
+      const uint4 w = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                                 __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
       u16* po = base + h * row + c8;
       if (((unsigned long long)po & 15) == 0) {
         *(uint4*)po = w;
@@ -366,10 +365,19 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
         for (int k = 0; k < 4; ++k) po[2 * k] = (u16)(ws[k] & 0xFFFFu), po[2 * k + 1] = (u16)(ws[k] >> 16);
       }
     }
-  } else {  // fp32 partials or rows: 4 d a thread
+  } else {  // fp32 partials or rows: staged as floats (pairs of positions: one 8-byte store)
+    float* stage = (float*)smem;  // [64 heads][STAGE_ROW]
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int pos = 256 * cg + 8 * j + 2 * tq;
+      *(float2*)(stage + r0 * STAGE_ROW + pos) = make_float2(o[4 * j] * f0, o[4 * j + 1] * f0);
+      *(float2*)(stage + (r0 + 8) * STAGE_ROW + pos) = make_float2(o[4 * j + 2] * f1, o[4 * j + 3] * f1);
+    }
+    bar_sync(BAR_CONS, 256);
     float* base = out_kind == 0 ? part + ((long long)t * num_splits + split) * H_all * 512
                                 : (float*)out + t * stride_ot;
     const long long row = out_kind == 0 ? 512 : stride_oh;
+    // 4 d a thread: positions 2 k, 2 k + 1 and 2 k + 4, 2 k + 5 of a group (k = 0, 1)
     for (int i = tid; i < H * 128; i += 256) {
       const int h = i >> 7, c4 = 4 * (i & 127), g8 = c4 & ~7, k = (c4 >> 2) & 1;
       const float2 a = *(const float2*)(stage + h * STAGE_ROW + g8 + 2 * k);
