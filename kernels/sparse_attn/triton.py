@@ -6,8 +6,9 @@ call is CUDA-graph capturable (static grid, no host syncs):
 
 - on SM90 the CUDA kernel (`cuda_decode`: blocks of 8 or 16 heads, each warp a quarter of D,
   NVRTC-built at first use; the Triton path where it cannot be built) where `_cuda_variant`
-  says: up to 8 heads always, 9-16 heads from 8 tokens, 17-32 heads in decode, 33-64 heads at
-  8-31 tokens; otherwise:
+  says: up to 8 heads always, 9-16 heads from 8 tokens, 17-32 heads in decode, above 32 heads
+  from 8 decode tokens (from 8 tokens above 16 heads the 64-head kernel `cuda_wg64.cu`);
+  otherwise:
 - up to 16 heads: `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32,
   splits filling the GPU twice (from 32 tokens the next tile requested ahead);
 - 32 heads: the entries on M (SWAP), 8 warps, the next tile's records requested ahead;
