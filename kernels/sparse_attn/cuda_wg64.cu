@@ -203,15 +203,18 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
   asm volatile("setmaxnreg.inc.sync.aligned.u32 200;");
   const int cg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   // q as the logits' A operand: core matrix (db, h / 8), row h % 8 = d 8 db + 0..7 permuted
-  // (PERM8); thread i of the two groups takes the 16 pieces of 16 B r = i + 256 k (h = r % 64,
-  // db = r / 64: consecutive threads write consecutive 16 B), all loads first
+  // (PERM8). Warp w of the two groups takes heads 8 w .. 8 w + 7: lane l row h = 8 w + l % 8,
+  // pieces db = 4 k + l / 8 (k < 16), so a load instruction reads 64 contiguous bytes of each
+  // of 8 rows (whole sectors) and a quarter-warp's stores go to the 8 rows of one core matrix
+  // (distinct banks); all loads first
   {
     const u16* qt = (const u16*)q + t * stride_qt;
     const bool vec = (((unsigned long long)qt & 15) == 0) && (stride_qh & 7) == 0;
+    const int h = 8 * (tid >> 5) + (tid & 7), db0 = (tid >> 3) & 3;
     u32 v[16][4];
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
-      const int r = tid + 256 * k, h = r & 63, db = r >> 6;
+      const int db = 4 * k + db0;
       const u16* p = qt + h * stride_qh + 8 * db;
       if (h >= H) {
         v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0u;
@@ -225,8 +228,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
     }
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
-      const int r = tid + 256 * k, h = r & 63, db = r >> 6;
-      *(uint4*)(smem + OFF_Q + cm(db, h >> 3) + (h & 7) * 16) =
+      *(uint4*)(smem + OFF_Q + cm(4 * k + db0, h >> 3) + (h & 7) * 16) =
           make_uint4(__byte_perm(v[k][0], v[k][1], 0x5410), __byte_perm(v[k][2], v[k][3], 0x5410),
                      __byte_perm(v[k][0], v[k][1], 0x7632), __byte_perm(v[k][2], v[k][3], 0x7632));
     }
