@@ -320,14 +320,17 @@ def test_flashmla_route_returns_its_output_without_out():
 
 # the CUDA kernel's builds: tiles of 16, of 32, the slim build (four blocks per SM), the half
 # build (two warps a block) and the warpgroup kernel (cuda_wgmma.cu); the last two take blocks
-# of 8 heads: bf16 q at up to 8 heads, fp32 q at any
+# of 8 heads: bf16 q at up to 8 heads, fp32 q at any; the 64-head kernel (cuda_wg64.cu) with
+# the merge kernel and with the on-chip merge of a cluster
+_B = dict(block_n=16, slim=False, half=False, wg=False, wg64=False, cluster=False)
 CUDA_BUILDS = [
-    dict(block_n=16, slim=False, half=False, wg=False, wg64=False),
-    dict(block_n=32, slim=False, half=False, wg=False, wg64=False),
-    dict(block_n=16, slim=True, half=False, wg=False, wg64=False),
-    dict(block_n=16, slim=False, half=True, wg=False, wg64=False),
-    dict(block_n=16, slim=False, half=False, wg=True, wg64=False),
-    dict(block_n=64, slim=False, half=False, wg=False, wg64=True),  # blocks of 64 heads, any H
+    _B,
+    _B | dict(block_n=32),
+    _B | dict(slim=True),
+    _B | dict(half=True),
+    _B | dict(wg=True),
+    _B | dict(block_n=64, wg64=True),  # blocks of 64 heads, any H
+    _B | dict(block_n=64, wg64=True, cluster=True),
 ]
 
 
@@ -390,11 +393,12 @@ def test_cuda_kernel_graph_capture_and_default_plan():
     assert tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q at 8 heads: the exact mode
     assert tri.plan_for(64, 64, 512, DEV, True).cuda  # and at 64, in blocks of 8 heads
     assert tri.plan_for(8, 64, 512, DEV, False).wg64  # bf16 q at 64 heads: the 64-head kernel
-    assert tri.plan_for(7, 32, 512, DEV, False).cuda  # 32 heads below 8 tokens: blocks of 16
+    assert tri.plan_for(1, 32, 512, DEV, False).cuda  # 32 heads at one token: blocks of 16
+    assert tri.plan_for(2, 32, 512, DEV, False).cluster  # from 2: the 64-head kernel, clusters
     assert not tri.plan_for(1, 64, 512, DEV, False).cuda
     assert tri.plan_for(200, 16, 512, DEV, False).block_n == 32  # tiles of 32 from 128 tokens
     assert tri.plan_for(1100, 8, 512, DEV, False).half  # prefill at up to 8 heads
-    for T, H in ((64, 8), (200, 16), (8, 64), (1100, 8), (40, 64)):
+    for T, H in ((64, 8), (200, 16), (8, 64), (1100, 8), (40, 64), (16, 64), (50, 32)):
         q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, Layout.V41_FP4)
         skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
         out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=DEV)
