@@ -47,9 +47,6 @@ WG64_NAME = "sparse_wg64"
 _WG64_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_wg64.cu")
 WG64_HEADS = 64
 WG64_SMEM = 2 * 65536 + 65536 + 512  # cuda_wg64.cu: SMEM_BYTES
-# the wg64 build's on-chip merge: a token's splits as one thread-block cluster of this many
-# blocks (10 = one 64-entry tile each of the 640 entries V4.1 attends; above 8 non-portable)
-CLUSTERS = (2, 3, 4, 5, 10)
 
 
 def source(defines: tuple = ()) -> tuple[str, str]:
@@ -66,7 +63,7 @@ def source(defines: tuple = ()) -> tuple[str, str]:
 def kernel(defines: tuple = ()) -> Kernel:
     """The kernel built with `defines` (NVRTC options such as "-DMIN_BLOCKS=4"; `source`)."""
     path, name = source(defines)
-    return Kernel(load_source(path), name, "sm_90a", defines, _option(defines, "CLUSTER", 0))
+    return Kernel(load_source(path), name, "sm_90a", defines)
 
 
 def _option(defines: tuple, name: str, default: int) -> int:
@@ -180,7 +177,6 @@ BUILDS = (
     )
     + tuple(defines_for(8, x, **{k: True}) for k in ("slim", "half", "wg") for x in (False, True))
     + (defines_for(64, False, wg64=True),)
-    + tuple((*defines_for(64, False, wg64=True), f"-DCLUSTER={c}") for c in CLUSTERS)
 )
 _PROBES: dict[int, str | None] = {}  # device index -> None (all builds load) or why not
 
@@ -219,24 +215,6 @@ def why_unavailable(device: torch.device) -> str | None:
     return _probe(index)
 
 
-def cluster_size(token_blocks: int, n_tiles: int, depth: int, device_index: int) -> int:
-    """Blocks a cluster (= splits a token) for the wg64 build's on-chip merge with
-    `token_blocks` (token, head block) pairs of n_tiles tiles each, where the split grid gives
-    each block `depth` tiles: the fewest of CLUSTERS that give no block more tiles, whose
-    clusters the device runs all at once (the driver's occupancy for that size); 0 (keep the
-    split grid and the merge kernel) at depth 1, where the merge kernel was faster on the H200
-    (benchmarks/RESULTS.md), or when none fits."""
-    if depth < 2:
-        return 0
-    for c in sorted(CLUSTERS):
-        build = (*defines_for(64, False, wg64=True), f"-DCLUSTER={c}")
-        if triton.cdiv(n_tiles, c) <= depth and token_blocks <= kernel(build).max_active_clusters(
-            device_index, 32 * warps(build), WG64_SMEM
-        ):
-            return c
-    return 0
-
-
 def check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, out=None) -> None:
     """What the kernel needs of its arguments; ValueError naming the first one that differs."""
     T, H, Dq = q.shape
@@ -269,7 +247,7 @@ def sparse_attention(
     q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink, scale: float, out,
     out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, block_n: int = BN,
     slim: bool = False, half: bool = False, defines: tuple = (), wg: bool = False,
-    wg64: bool = False, cluster: bool = False,
+    wg64: bool = False,
 ):  # fmt: skip
     """Launch over T tokens (grid T x splits x head groups of 32 `warps(defines)` threads);
     arguments as `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm`
@@ -278,17 +256,11 @@ def sparse_attention(
     kernel, wg64: the 64-head warpgroup kernel (`defines_for`); defines: extra NVRTC options
     (benchmarks). The merge of the splits is a programmatic dependent launch (`merge.combine`:
     it starts while this kernel drains and waits for it before reading) unless defines say
-    -DPDL=0; with `cluster` (wg64 only) a token's splits are one thread-block cluster that
-    merges them on chip, no partials and no merge kernel (`cluster_size` of them, or the split
-    grid where that says 0, unless num_splits names one of CLUSTERS or 1). Without num_splits
-    the grid has no empty splits (as few as give each block the same number of tiles)."""
+    -DPDL=0. Without num_splits the grid has no empty splits (as few as give each block the
+    same number of tiles)."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
     T, H, _ = q.shape
-    if cluster and not wg64:
-        raise ValueError("the on-chip merge (cluster) is the wg64 build's")
-    if cluster and num_splits not in (None, 1, *CLUSTERS):
-        raise ValueError(f"cluster takes num_splits in {(1, *CLUSTERS)}, got {num_splits}")
     if out is None:
         out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
     check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, out)
@@ -300,18 +272,12 @@ def sparse_attention(
     bn = _option(defines, "BN", BN)
     n_tiles = triton.cdiv(W, bn) + triton.cdiv(TOPK, bn)
     groups = triton.cdiv(H, group_heads(H, exact, wg64))
-    dev = q.device
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
     ns = num_splits or tri.pick_splits(T, groups, n_tiles, q.device, per_sm)
     ns = max(1, min(ns, max(n_tiles, 1)))
     if num_splits is None:  # as few splits as give that many tiles a block: no empty splits
         ns = triton.cdiv(n_tiles, triton.cdiv(n_tiles, ns)) if n_tiles else 1
-    if cluster and num_splits is None:  # the on-chip merge where it needs no deeper blocks
-        c = cluster_size(T * groups, n_tiles, triton.cdiv(n_tiles, ns), index)
-        ns, cluster = (c, True) if c else (ns, False)
-    if cluster and ns > 1:
-        defines = (*defines, f"-DCLUSTER={ns}")
-    if ns > 1 and not cluster:  # wg64's partials in a bf16 output's precision, else fp32
+    dev = q.device
+    if ns > 1:  # wg64's partials in a bf16 output's precision, else fp32
         bf16 = wg64 and out.dtype == torch.bfloat16
         part = torch.empty(T, ns, H, D, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
         lse = torch.empty(T, ns, H, dtype=torch.float32, device=dev)
@@ -332,12 +298,13 @@ def sparse_attention(
         P(out.data_ptr()), L(out.stride(0)), L(out.stride(1)),
         N(kind), N(H), N(W), N(TOPK), N(ns), F(scale * tri.LOG2E),
     ]  # fmt: skip
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
     kernel(defines)(
         (T, ns, groups), (32 * warps(defines),), args,
         stream=torch.cuda.current_stream(dev).cuda_stream, device_index=index,
         smem=smem_bytes(defines),
     )  # fmt: skip
-    if ns > 1 and not cluster:
+    if ns > 1:
         merge.combine(
             part,
             lse,

@@ -7,11 +7,8 @@ and the NVRTC version, and loaded once per process and device. Launches go to Py
 stream, so they are captured by CUDA graphs like any other kernel.
 
 `Kernel(source, name, arch)` builds; `kernel(grid, block, args, stream)` launches, with args as
-ctypes values (`c_void_p` for pointers, `c_longlong`, `c_int`, `c_float`). A kernel whose source
-fixes a thread-block cluster (`__cluster_dims__`) says its size (`cluster_blocks`): above 8 (the
-portable maximum) the function is allowed non-portable sizes, and `max_active_clusters` asks the
-driver how many such clusters the device holds at once. `CudaJitError` says what is missing
-(library, compile log) so a caller can fall back to another path.
+ctypes values (`c_void_p` for pointers, `c_longlong`, `c_int`, `c_float`). `CudaJitError` says
+what is missing (library, compile log) so a caller can fall back to another path.
 """
 
 from __future__ import annotations
@@ -160,27 +157,12 @@ def cached_cubin(source: str, name: str, arch: str, options: tuple = ()) -> byte
     return cubin
 
 
-class _LaunchConfig(ctypes.Structure):
-    """The driver's CUlaunchConfig (cuda.h)."""
-
-    _fields_ = [
-        ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-        ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-        ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-        ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint),
-    ]  # fmt: skip
-
-
 class Kernel:
     """One `extern "C" __global__` function of a source, built for `arch` and loaded per
     device (the current context of that device: PyTorch's primary context)."""
 
-    def __init__(
-        self, source: str, name: str, arch: str, options: tuple = (), cluster_blocks: int = 0
-    ):
+    def __init__(self, source: str, name: str, arch: str, options: tuple = ()):
         self.source, self.name, self.arch, self.options = source, name, arch, tuple(options)
-        self.cluster_blocks = cluster_blocks
-        self._clusters: dict[tuple, int] = {}
         self._cubin: bytes | None = None
         self._fn: dict[int, ctypes.c_void_p] = {}
         self._smem: set = set()
@@ -205,9 +187,6 @@ class Kernel:
                     _check_cu(_cuda().cuModuleGetFunction(
                         ctypes.byref(fn), mod, self.name.encode()
                     ), f"find {self.name}")  # fmt: skip
-                    if self.cluster_blocks > 8:  # attribute 14: non-portable cluster sizes
-                        what = f"allow clusters of {self.cluster_blocks} blocks for {self.name}"
-                        _check_cu(_cuda().cuFuncSetAttribute(fn, 14, ctypes.c_int(1)), what)
                 self._fn[device_index] = fn
             return self._fn[device_index]
 
@@ -220,26 +199,6 @@ class Kernel:
                 fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ctypes.c_int(smem)
             ), f"allow {smem} B of shared memory for {self.name}")  # fmt: skip
             self._smem.add(key)
-
-    def max_active_clusters(self, device_index: int, block: int, smem: int) -> int:
-        """How many clusters of `cluster_blocks` blocks (of `block` threads and `smem` bytes of
-        dynamic shared memory) device `device_index` runs at once (driver occupancy query)."""
-        key = (device_index, block, smem)
-        if key not in self._clusters:
-            if self.cluster_blocks < 1:
-                raise ValueError(f"{self.name} is not built for clusters")
-            fn = self.function(device_index)
-            self._allow_smem(fn, device_index, smem)
-            cfg = _LaunchConfig(1, self.cluster_blocks, 1, block, 1, 1, smem, None, None, 0)
-            n = ctypes.c_int()
-            import torch
-
-            with torch.cuda.device(device_index):
-                _check_cu(_cuda().cuOccupancyMaxActiveClusters(
-                    ctypes.byref(n), fn, ctypes.byref(cfg)
-                ), f"occupancy of {self.name}'s clusters")  # fmt: skip
-            self._clusters[key] = n.value
-        return self._clusters[key]
 
     def __call__(self, grid, block, args, stream: int, device_index: int, smem: int = 0):
         fn = self.function(device_index)

@@ -39,14 +39,6 @@
 #ifndef PINGPONG
 #define PINGPONG 1
 #endif
-#ifndef CLUSTER  // > 1: a token's CLUSTER splits are one thread-block cluster merging on chip
-#define CLUSTER 0
-#endif
-#if CLUSTER > 1
-#define CLUSTER_DIMS __cluster_dims__(1, CLUSTER, 1)
-#else
-#define CLUSTER_DIMS
-#endif
 #define TE 64    // entries per tile
 #define NTH 384  // threads per block
 // named barriers: 1 the two consumer warpgroups; 2 + 2 b + c buffer b full for group c; 6, 7
@@ -61,7 +53,6 @@
 #define OFF_Q (2 * SM_TILE)
 #define OFF_OK (OFF_Q + 65536)
 #define SMEM_BYTES (OFF_OK + 512)
-#define OFF_W (OFF_OK - 4096)  // CLUSTER: the merge weights [CLUSTER][64] (past the staged rows)
 #define STAGE_ROW 520  // floats (bf16: halves) a row of the output staged over the tiles and q
 
 // the two words of a no-swizzle descriptor: lo = start address >> 4 (14 bits) | LBO >> 4 << 16,
@@ -123,132 +114,7 @@ __device__ __forceinline__ void wgmma_n256_rs(float* d, const u32* a, u32 db, u3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(db), "r"(dhi), "r"(1));
 }
 
-#if CLUSTER > 1
-// The merge of a token's splits on chip (CLUSTER > 1: grid y = num_splits = CLUSTER, one
-// cluster). Each block stages its rows normalized (O / l x 2^8; bf16 for a bf16 output, fp32
-// for an fp32 one) in the stored d order, and a base-2 log-sum-exp per head; after a cluster
-// barrier, block `split` takes its share of the (head, 8 d) groups, weighs each block's row
-// by exp2(lse - max) over the denominator with the sink (ref.py's merge), reads the rows
-// from the blocks' shared memory and stores the output; a second barrier keeps each block's
-// shared memory until the others have read it. No partials in global memory, no merge kernel.
-// Called by the 256 consumer threads (the producer warpgroup has exited).
-__device__ __forceinline__ void cluster_epilogue(unsigned char* smem, const float* o, float m0,
-                                                 float m1, float l0, float l1, int r0, int cg,
-                                                 int tq, int tid, int split, int H,
-                                                 const float* sink, int has_sink, void* out,
-                                                 long long stride_ot, long long stride_oh,
-                                                 int out_kind, int t) {
-  const float ninf = -__int_as_float(0x7F800000);
-  const bool f32 = out_kind == 2;
-  float* lse_s = (float*)(smem + OFF_OK);  // [64]
-  float* w_s = (float*)(smem + OFF_W);     // [CLUSTER][64]
-  {
-    const float f0 = l0 > 0.f ? 256.0f / l0 : 0.f, f1 = l1 > 0.f ? 256.0f / l1 : 0.f;
-    if (cg == 0 && tq == 0) {
-      lse_s[r0] = l0 > 0.f ? m0 + log2f(l0) : ninf;
-      lse_s[r0 + 8] = l1 > 0.f ? m1 + log2f(l1) : ninf;
-    }
-    if (f32) {
-      float* stage = (float*)smem;  // [64 heads][STAGE_ROW], positions in the stored order
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int pos = 256 * cg + 8 * j + 2 * tq;
-        *(float2*)(stage + r0 * STAGE_ROW + pos) = make_float2(o[4 * j] * f0, o[4 * j + 1] * f0);
-        *(float2*)(stage + (r0 + 8) * STAGE_ROW + pos) =
-            make_float2(o[4 * j + 2] * f1, o[4 * j + 3] * f1);
-      }
-    } else {
-      u32* stage = (u32*)smem;  // [64 heads][STAGE_ROW / 2] bf16 pairs of positions
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int w = (256 * cg + 8 * j + 2 * tq) >> 1;
-        stage[r0 * (STAGE_ROW / 2) + w] = pack_bf16(o[4 * j] * f0, o[4 * j + 1] * f0);
-        stage[(r0 + 8) * (STAGE_ROW / 2) + w] = pack_bf16(o[4 * j + 2] * f1, o[4 * j + 3] * f1);
-      }
-    }
-  }
-  cluster_sync();
-  if (tid < 64) {  // head tid's weight of each block
-    const int h = tid;
-    float lc[CLUSTER];
-    const float s2 = (has_sink && h < H) ? sink[h] * 1.4426950408889634f : ninf;
-    float mx = s2;
-#pragma unroll
-    for (int c = 0; c < CLUSTER; ++c) {
-      lc[c] = ld_cluster_f32(cluster_addr(lse_s + h, c));
-      mx = fmaxf(mx, lc[c]);
-    }
-    float den = mx == ninf ? 0.f : exp2f(s2 - mx);
-#pragma unroll
-    for (int c = 0; c < CLUSTER; ++c) den += mx == ninf ? 0.f : exp2f(lc[c] - mx);
-    const float inv = den > 0.f ? 1.f / den : 0.f;
-#pragma unroll
-    for (int c = 0; c < CLUSTER; ++c) w_s[c * 64 + h] = mx == ninf ? 0.f : exp2f(lc[c] - mx) * inv;
-  }
-  bar_sync(BAR_CONS, 256);
-  const int n_items = H * 64, i1 = (split + 1) * n_items / CLUSTER;
-  for (int i = split * n_items / CLUSTER + tid; i < i1; i += 256) {  // (head, 8 d) groups
-    const int h = i >> 6, c8 = 8 * (i & 63);
-    float a[8];  // positions 0..7 of the group = d 0 2 4 6 1 3 5 7 (PERM8)
-#pragma unroll
-    for (int k = 0; k < 8; ++k) a[k] = 0.f;
-    if (f32) {
-      const float* st = (const float*)smem + h * STAGE_ROW + c8;
-      uint4 v[CLUSTER][2];
-#pragma unroll
-      for (int c = 0; c < CLUSTER; ++c) {
-        v[c][0] = ld_cluster16(cluster_addr(st, c));
-        v[c][1] = ld_cluster16(cluster_addr(st + 4, c));
-      }
-#pragma unroll
-      for (int c = 0; c < CLUSTER; ++c) {
-        const float w = w_s[c * 64 + h];
-        const u32 x[8] = {v[c][0].x, v[c][0].y, v[c][0].z, v[c][0].w,
-                          v[c][1].x, v[c][1].y, v[c][1].z, v[c][1].w};
-#pragma unroll
-        for (int k = 0; k < 8; ++k) a[k] += w * __uint_as_float(x[k]);
-      }
-    } else {
-      const u32* st = (const u32*)smem + h * (STAGE_ROW / 2) + (c8 >> 1);
-      uint4 v[CLUSTER];
-#pragma unroll
-      for (int c = 0; c < CLUSTER; ++c) v[c] = ld_cluster16(cluster_addr(st, c));
-#pragma unroll
-      for (int c = 0; c < CLUSTER; ++c) {
-        const float w = w_s[c * 64 + h];
-        const u32 x[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) a[2 * k] += w * lo_f(x[k]), a[2 * k + 1] += w * hi_f(x[k]);
-      }
-    }
-    const float d[8] = {a[0], a[4], a[1], a[5], a[2], a[6], a[3], a[7]};  // d order
-    if (f32) {
-      float* po = (float*)out + t * stride_ot + h * stride_oh + c8;
-      if (((unsigned long long)po & 15) == 0) {
-        *(float4*)po = make_float4(d[0], d[1], d[2], d[3]);
-        *(float4*)(po + 4) = make_float4(d[4], d[5], d[6], d[7]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) po[k] = d[k];
-      }
-    } else {
-      u16* po = (u16*)out + t * stride_ot + h * stride_oh + c8;
-      const uint4 w = make_uint4(pack_bf16(d[0], d[1]), pack_bf16(d[2], d[3]),
-                                 pack_bf16(d[4], d[5]), pack_bf16(d[6], d[7]));
-      if (((unsigned long long)po & 15) == 0) {
-        *(uint4*)po = w;
-      } else {
-        const u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) po[2 * k] = (u16)(ws[k] & 0xFFFFu), po[2 * k + 1] = (u16)(ws[k] >> 16);
-      }
-    }
-  }
-  cluster_sync();
-}
-#endif
-
-extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PARAMS) {
+extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PARAMS) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int t = blockIdx.x, split = blockIdx.y;
   const int hg0 = 64 * blockIdx.z, H = min(64, H_all - hg0);
@@ -340,31 +206,37 @@ extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(NTH, 1) sparse_wg64(SP
   // (PERM8). Warp w of the two groups takes heads 8 w .. 8 w + 7: lane l row h = 8 w + l % 8,
   // pieces db = 4 k + l / 8 (k < 16), so a load instruction reads 64 contiguous bytes of each
   // of 8 rows (whole sectors) and a quarter-warp's stores go to the 8 rows of one core matrix
-  // (distinct banks); all loads first
+  // (distinct banks); all 16 loads first. Rows off 16 bytes take 2-byte loads in a loop of
+  // their own (merged into the unrolled code, their predicated-off instructions waited on the
+  // 16-byte loads one by one).
   {
     const u16* qt = (const u16*)q + t * stride_qt;
     const bool vec = (((unsigned long long)qt & 15) == 0) && (stride_qh & 7) == 0;
     const int h = 8 * (tid >> 5) + (tid & 7), db0 = (tid >> 3) & 3;
-    u32 v[16][4];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int db = 4 * k + db0;
-      const u16* p = qt + h * stride_qh + 8 * db;
-      if (h >= H) {
-        v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0u;
-      } else if (vec) {
-        const uint4 a = __ldg((const uint4*)p);
-        v[k][0] = a.x, v[k][1] = a.y, v[k][2] = a.z, v[k][3] = a.w;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[k][j] = (u32)p[2 * j] | ((u32)p[2 * j + 1] << 16);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
+    auto put = [&](int k, u32 w0, u32 w1, u32 w2, u32 w3) {
       *(uint4*)(smem + OFF_Q + cm(4 * k + db0, h >> 3) + (h & 7) * 16) =
-          make_uint4(__byte_perm(v[k][0], v[k][1], 0x5410), __byte_perm(v[k][2], v[k][3], 0x5410),
-                     __byte_perm(v[k][0], v[k][1], 0x7632), __byte_perm(v[k][2], v[k][3], 0x7632));
+          make_uint4(__byte_perm(w0, w1, 0x5410), __byte_perm(w2, w3, 0x5410),
+                     __byte_perm(w0, w1, 0x7632), __byte_perm(w2, w3, 0x7632));
+    };
+    if (vec) {
+      uint4 v[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        v[k] = h < H ? __ldg((const uint4*)(qt + h * stride_qh + 8 * (4 * k + db0)))
+                     : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) put(k, v[k].x, v[k].y, v[k].z, v[k].w);
+    } else {
+#pragma unroll 1
+      for (int k = 0; k < 16; ++k) {
+        u32 w[4] = {0u, 0u, 0u, 0u};
+        if (h < H) {
+          const u16* p = qt + h * stride_qh + 8 * (4 * k + db0);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w[j] = (u32)p[2 * j] | ((u32)p[2 * j + 1] << 16);
+        }
+        put(k, w[0], w[1], w[2], w[3]);
+      }
     }
   }
   fence_async_smem();
@@ -466,10 +338,6 @@ extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(NTH, 1) sparse_wg64(SP
     l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, x);
   }
   bar_sync(BAR_CONS, 256);  // both groups are done with the tiles and q
-#if CLUSTER > 1
-  cluster_epilogue(smem, o, m0, m1, l0, l1, r0, cg, tq, tid, split, H, sink, has_sink, out,
-                   stride_ot, stride_oh, out_kind, t);
-#else
   const BlockOut ob = {part, lse, out, stride_ot, stride_oh, out_kind, H_all, H, num_splits, t,
                        split};
   float f0, f1;
@@ -530,5 +398,4 @@ extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(NTH, 1) sparse_wg64(SP
       }
     }
   }
-#endif
 }

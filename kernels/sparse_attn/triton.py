@@ -7,8 +7,7 @@ call is CUDA-graph capturable (static grid, no host syncs):
 - on SM90 the CUDA kernel (`cuda_decode`: blocks of 8 or 16 heads, each warp a quarter of D,
   NVRTC-built at first use; the Triton path where it cannot be built) where `_cuda_variant`
   says: up to 8 heads always, 9-16 heads from 8 tokens, 17-32 heads in decode, above 32 heads
-  from 2 decode tokens (from 2 tokens above 16 heads the 64-head kernel `cuda_wg64.cu`, whose
-  splits a thread-block cluster merges on chip where each block takes two tiles or more);
+  from 2 decode tokens (from 2 tokens above 16 heads the 64-head kernel `cuda_wg64.cu`);
   otherwise:
 - up to 16 heads: `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32,
   splits filling the GPU twice (from 32 tokens the next tile requested ahead);
@@ -113,11 +112,10 @@ def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
     fp32 q); above, tiles of 32 ("cuda32_x2": two blocks per SM) for
     large decode batches and tiles of 16 (three blocks per SM, the records read from L2) in
     prefill; tiles of 16 in grids of 2 or 3 blocks per SM for small batches. Above 16 heads
-    (8 for fp32 q) each block of heads re-reads the records: bf16 q at 17-32 heads below 8
-    tokens; fp32 q at any head count (the Triton exact path is slower still), the half build
+    (8 for fp32 q) each block of heads re-reads the records: bf16 q at 17-32 heads at one
+    token; fp32 q at any head count (the Triton exact path is slower still), the half build
     from 128 tokens. Above 16 bf16 heads from 2 tokens in decode the 64-head warpgroup kernel
-    (blocks of 64 heads, 32 padded: each record dequantized once a token), its splits merged on
-    chip by a cluster where a block takes two tiles or more (`cuda_decode.cluster_size`)."""
+    (blocks of 64 heads, 32 padded: each record dequantized once a token)."""
     prefill = T >= WORKSPACE_MIN_TOKENS
     if H <= 8:
         if prefill:
@@ -134,7 +132,7 @@ def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
             return "cuda_x3"
         return "cuda_x2" if 32 <= T < 128 else "cuda32_x2"
     if 2 <= T and not prefill:  # 17-64 heads (and blocks of 64 above)
-        return "cuda_wg64_cl"
+        return "cuda_wg64_x1"
     return "cuda_x2" if H <= 32 and not prefill else None
 
 
@@ -207,7 +205,7 @@ def sparse_attention(
         return cuda_decode.sparse_attention(
             q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
             plan.num_splits, plan.per_sm, plan.block_n, plan.slim, plan.half, wg=plan.wg,
-            wg64=plan.wg64, cluster=plan.cluster,
+            wg64=plan.wg64,
         )  # fmt: skip
     if plan.flashmla and T:
         from sglang_dsv41.kernels.sparse_attn import triton_flashmla

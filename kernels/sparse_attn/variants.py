@@ -29,9 +29,7 @@ class Plan:
     warpgroup kernel (cuda_wgmma.cu: wgmma over tiles of 64 entries, producer and consumer
     warpgroups, one block per SM, blocks of 8 heads; measured, chosen nowhere yet); wg64: the
     64-head warpgroup kernel (cuda_wg64.cu: the heads on wgmma's M axis, tiles of 64 entries,
-    one block per SM, blocks of 64 heads, bf16 q); cluster (wg64 only): a token's splits are
-    one thread-block cluster that merges them through distributed shared memory (no partials,
-    no merge kernel; splits from `cuda_decode.cluster_size` unless num_splits is given).
+    one block per SM, blocks of 64 heads, bf16 q).
     """
 
     block_h: int
@@ -53,7 +51,6 @@ class Plan:
     half: bool = False
     wg: bool = False
     wg64: bool = False
-    cluster: bool = False
 
 
 def _variants(H: int) -> dict:
@@ -94,7 +91,6 @@ def _variants(H: int) -> dict:
         cuda["cuda_wg64_x1"] = Plan(
             block_h=64, block_n=64, num_warps=12, swap=False, cuda=True, wg64=True, per_sm=1
         )
-        cuda["cuda_wg64_cl"] = dataclasses.replace(cuda["cuda_wg64_x1"], cluster=True)
     if H <= 32:
         return small | cuda
     return cuda | {

@@ -25,28 +25,3 @@ __device__ __forceinline__ void wg_wait0() {
 // byte offset of core matrix (kb, mb) (8 rows x 16 B) of an operand 8 core matrices wide in its
 // M / N direction: K block kb (e.g. 8 d), M / N block mb (e.g. 8 entries or 8 heads)
 __device__ __forceinline__ int cm(int kb, int mb) { return (kb * 8 + mb) * 128; }
-
-// Distributed shared memory (thread-block clusters): the address of `p` in block `rank` of this
-// block's cluster, loads from it, and the cluster-wide barrier (every non-exited thread of every
-// block; writes to shared memory before it are seen by the cluster's reads after it).
-__device__ __forceinline__ u32 cluster_addr(const void* p, int rank) {
-  u32 r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(r) : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ uint4 ld_cluster16(u32 a) {
-  uint4 v;
-  asm volatile("ld.shared::cluster.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ float ld_cluster_f32(u32 a) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
-               ::: "memory");
-}

@@ -92,9 +92,7 @@ def test_the_builds_are_the_launchers():
     assert wg64 == ("-DWG64=1", "-DBN=64") and cuda_decode.warps(wg64) == 12
     assert cuda_decode.smem_bytes(wg64) <= 232448 and cuda_decode.group_heads(40, False, True) == 64
     assert cuda_decode.source(wg64)[1] == "sparse_wg64" and cuda_decode.source(wg)[1] == "sparse_wg"
-    assert len(set(cuda_decode.BUILDS)) == 13 + len(cuda_decode.CLUSTERS)
-    for c in cuda_decode.CLUSTERS:  # the on-chip merge: one build per cluster size
-        assert (*wg64, f"-DCLUSTER={c}") in cuda_decode.BUILDS
+    assert len(set(cuda_decode.BUILDS)) == 13
     with pytest.raises(ValueError, match="wg64"):
         cuda_decode.defines_for(64, True, wg64=True)  # bf16 q only
     with pytest.raises(ValueError, match="slim"):
@@ -177,17 +175,6 @@ def test_the_argument_contract():
     cuda_decode.check_args(q, torch.zeros(1, 1, dtype=torch.uint8), sw, kv, tk, fp4)
 
 
-def test_the_on_chip_merge_contract():
-    """The cluster merge is the wg64 build's, with a cluster size it is built for."""
-    q, swa, sw, kv, tk, fp4 = _args(H=64)
-    a = (q, swa, sw, kv, tk, fp4, None, 512**-0.5, None)
-    with pytest.raises(ValueError, match="wg64"):
-        cuda_decode.sparse_attention(*a, cluster=True)
-    with pytest.raises(ValueError, match="num_splits"):
-        cuda_decode.sparse_attention(*a, num_splits=7, wg64=True, cluster=True)
-    assert all(1 < c <= 16 for c in cuda_decode.CLUSTERS)  # the kernel's weights hold 16
-
-
 def test_shared_memory_per_build():
     """Tiles of 16: two buffers of 4 warps x 16 rows of 272 B, logits 8 KB at 16 heads (4 KB
     at 8: one float4 per lane and warp), 9 KB a stage; three blocks fit an SM (228 KB, 1 KB
@@ -209,10 +196,6 @@ def test_shared_memory_per_build():
     lay = _source_defines(cuda_decode._WG64_SRC)  # the kernel's own layout
     assert cuda_decode.smem_bytes(wg64) == lay["SMEM_BYTES"] == 2 * 65536 + 65536 + 512
     assert 64 * lay["STAGE_ROW"] * 4 <= lay["OFF_OK"]  # the staged output stays off the flags
-    # the on-chip merge: the weights [clusters][64] between the staged fp32 rows and the flags
-    # (whose place takes the per-head log-sum-exps)
-    assert 64 * lay["STAGE_ROW"] * 4 <= lay["OFF_W"] and lay["OFF_W"] + 4096 <= lay["OFF_OK"]
-    assert max(cuda_decode.CLUSTERS) * 64 * 4 <= 4096 and 64 * 4 <= 512
 
 
 def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
@@ -230,9 +213,9 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     want = {
         8: {1: "cuda_x3", 31: "cuda_x3", 32: "cuda_x2", 128: "cuda_slim_x4", 4096: "cuda_half_x5"},
         16: {7: "triton", 8: "cuda32_x2", 64: "cuda_x2", 256: "cuda32_x2", 4096: "cuda_x3"},
-        32: {1: "cuda_x2", 2: "cuda_wg64_cl", 256: "cuda_wg64_cl", 1024: "triton"},
-        64: {1: "triton", 2: "cuda_wg64_cl", 1023: "cuda_wg64_cl", 4096: "triton"},
-        128: {1: "triton", 2: "cuda_wg64_cl", 4096: "triton"},
+        32: {1: "cuda_x2", 2: "cuda_wg64_x1", 256: "cuda_wg64_x1", 1024: "triton"},
+        64: {1: "triton", 2: "cuda_wg64_x1", 1023: "cuda_wg64_x1", 4096: "triton"},
+        128: {1: "triton", 2: "cuda_wg64_x1", 4096: "triton"},
     }
     for H, cases in want.items():
         for T, n in cases.items():
@@ -282,7 +265,7 @@ def test_tiles_of_32_over_a_slim_default_drop_slim(monkeypatch):
     assert tri.plan_for(4096, 8, 512, CPU, False).half
     seen = {}
 
-    def fake(*args, wg=False, wg64=False, cluster=False):
+    def fake(*args, wg=False, wg64=False):
         seen["block_n"], seen["slim"], seen["half"] = args[-3:]
         seen["wg"] = wg or wg64
 

@@ -320,17 +320,14 @@ def test_flashmla_route_returns_its_output_without_out():
 
 # the CUDA kernel's builds: tiles of 16, of 32, the slim build (four blocks per SM), the half
 # build (two warps a block) and the warpgroup kernel (cuda_wgmma.cu); the last two take blocks
-# of 8 heads: bf16 q at up to 8 heads, fp32 q at any; the 64-head kernel (cuda_wg64.cu) with
-# the merge kernel and with the on-chip merge of a cluster
-_B = dict(block_n=16, slim=False, half=False, wg=False, wg64=False, cluster=False)
+# of 8 heads: bf16 q at up to 8 heads, fp32 q at any
 CUDA_BUILDS = [
-    _B,
-    _B | dict(block_n=32),
-    _B | dict(slim=True),
-    _B | dict(half=True),
-    _B | dict(wg=True),
-    _B | dict(block_n=64, wg64=True),  # blocks of 64 heads, any H
-    _B | dict(block_n=64, wg64=True, cluster=True),
+    dict(block_n=16, slim=False, half=False, wg=False, wg64=False),
+    dict(block_n=32, slim=False, half=False, wg=False, wg64=False),
+    dict(block_n=16, slim=True, half=False, wg=False, wg64=False),
+    dict(block_n=16, slim=False, half=True, wg=False, wg64=False),
+    dict(block_n=16, slim=False, half=False, wg=True, wg64=False),
+    dict(block_n=64, slim=False, half=False, wg=False, wg64=True),  # blocks of 64 heads, any H
 ]
 
 
@@ -372,6 +369,24 @@ def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, build):
 
 
 @pytest.mark.parametrize("build", CUDA_BUILDS)
+@pytest.mark.parametrize("num_splits", [None, 1])
+def test_cuda_kernel_q_rows_off_16_bytes(build, num_splits):
+    """q rows that start off a 16-byte boundary (a view into wider rows: the 64-head kernel's
+    2-byte loading loop instead of its 16-byte loads) give the contiguous q's output exactly."""
+    _cuda_or_skip()
+    H = 64 if build["wg64"] else 8
+    q, swa, sw, kv, tk, sink = make_case(40, H, 512, 128, 512, Layout.V41_FP4, floor_every=3)
+    wide = torch.zeros(40, H, 516, dtype=q.dtype, device=DEV)
+    wide[:, :, 4:] = q
+    off = wide[:, :, 4:]
+    assert off.data_ptr() % 16 and off.stride(1) % 8
+    skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+    launch = dict(cuda=True, num_splits=num_splits, **build)
+    want = sparse_attention(q, skv, sink, **launch)
+    assert torch.equal(sparse_attention(off, skv, sink, **launch), want)
+
+
+@pytest.mark.parametrize("build", CUDA_BUILDS)
 @pytest.mark.parametrize("W, TOPK", [(7, 40), (128, 0), (0, 100), (19, 5), (40, 17)])
 def test_cuda_kernel_segment_lengths(W, TOPK, build):
     """Windows and top-k lists that are no multiple of the kernel's tiles, or empty."""
@@ -394,7 +409,7 @@ def test_cuda_kernel_graph_capture_and_default_plan():
     assert tri.plan_for(64, 64, 512, DEV, True).cuda  # and at 64, in blocks of 8 heads
     assert tri.plan_for(8, 64, 512, DEV, False).wg64  # bf16 q at 64 heads: the 64-head kernel
     assert tri.plan_for(1, 32, 512, DEV, False).cuda  # 32 heads at one token: blocks of 16
-    assert tri.plan_for(2, 32, 512, DEV, False).cluster  # from 2: the 64-head kernel, clusters
+    assert tri.plan_for(2, 32, 512, DEV, False).wg64  # from 2 tokens: the 64-head kernel
     assert not tri.plan_for(1, 64, 512, DEV, False).cuda
     assert tri.plan_for(200, 16, 512, DEV, False).block_n == 32  # tiles of 32 from 128 tokens
     assert tri.plan_for(1100, 8, 512, DEV, False).half  # prefill at up to 8 heads
