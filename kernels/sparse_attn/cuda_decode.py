@@ -46,7 +46,7 @@ _WG_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_wgmma.c
 WG64_NAME = "sparse_wg64"
 _WG64_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_wg64.cu")
 WG64_HEADS = 64
-WG64_SMEM = 2 * 65536 + 65536 + 512  # cuda_wg64.cu: SMEM_BYTES
+WG64_SMEM = 2 * 65536 + 65536 + 512 + 16  # cuda_wg64.cu: SMEM_BYTES
 
 
 def source(defines: tuple = ()) -> tuple[str, str]:
@@ -91,7 +91,7 @@ def smem_bytes(defines: tuple = ()) -> int:
     buffers of logit fragments (512 B per 16 entries and tile of 8 heads), and per stage of
     the record ring, per 16 entries, DQ / 32 chunks of 512 B and the scale words (256 B at NW
     4, 512 B at NW 2) (defaults NW 4, NH 2, BN 16, KBUF 2 at BN 16 else 1, STAGES 3)."""
-    if "-DWG64=1" in defines:  # two 64 KB tiles, q (64 x 512 bf16), the entry flags
+    if "-DWG64=1" in defines:  # two 64 KB tiles, q (64 x 512 bf16), the entry flags, mbarrier
         return WG64_SMEM
     if "-DWG=1" in defines:  # two 64 KB tiles, two stages of 34 KB, q and P^T parts, maxima
         qp = 3 if "-DEXACT=1" in defines else 1

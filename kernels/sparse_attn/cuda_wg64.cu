@@ -15,7 +15,9 @@
 //    compute all the logits (S = q K^T, m64n64k16, q and the tile from shared memory) and the
 //    same online softmax, so they never wait for each other; P stays in registers as the A
 //    operand of P V (O[64 heads, 256 d] += P[64, 64] V, m64n256k16 with V the same tile
-//    through the transposed-B descriptor); each then frees the buffer.
+//    through the transposed-B descriptor); each then frees the buffer. First they bring q in:
+//    a bulk copy (the TMA unit) into tile buffer 1, permuted from there into q's core matrices
+//    before the producer fills buffer 1 with the second tile.
 // setmaxnreg gives the consumers 200 registers (the 128 of O) and the producer 104.
 // Output: partials with base-2 log-sum-exps (bf16 for a bf16 output: half the bytes to store and
 // merge; else fp32), or with one split the final rows with the sink, staged through shared
@@ -42,17 +44,19 @@
 #define TE 64    // entries per tile
 #define NTH 384  // threads per block
 // named barriers: 1 the two consumer warpgroups; 2 + 2 b + c buffer b full for group c; 6, 7
-// buffer b free; 8, 9 the logits order (PINGPONG)
+// buffer b free; 8, 9 the logits order (PINGPONG); 10 q's rows no longer read from buffer 1
 #define BAR_CONS 1
 #define BAR_FULL 2
 #define BAR_FREE 6
 #define BAR_PP 8  // 8, 9: group 0's logits of a tile of that parity are done
+#define BAR_QRAW 10
 // shared memory (bytes): two tiles, q (64 heads x 512 d as core matrices (db, hb)), the entry
-// flags of both buffers
+// flags of both buffers, the mbarrier of q's copy
 #define SM_TILE 65536
 #define OFF_Q (2 * SM_TILE)
 #define OFF_OK (OFF_Q + 65536)
-#define SMEM_BYTES (OFF_OK + 512)
+#define OFF_MBAR (OFF_OK + 512)
+#define SMEM_BYTES (OFF_MBAR + 16)
 #define STAGE_ROW 520  // floats (bf16: halves) a row of the output staged over the tiles and q
 
 // the two words of a no-swizzle descriptor: lo = start address >> 4 (14 bits) | LBO >> 4 << 16,
@@ -160,6 +164,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
     auto step = [&](int u, int& s_this, int s_other) {
       const int b = (u - u0) & 1;
       if (u - u0 >= 2) bar_sync(BAR_FREE + b, NTH);
+      if (u - u0 == 1) bar_sync(BAR_QRAW, NTH);  // q's rows have left buffer 1
       unsigned char* tile = smem + b * SM_TILE + (e >> 3) * 128 + (e & 7) * 16;
       if (ABL_NODEQ) {
       } else if (fp4) {  // 8 chunks of 32 values; e4m3 scales 2 c, 2 c + 1
@@ -196,6 +201,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
       step(u, s_a, s_b);
       if (u + 1 < u1) step(u + 1, s_b, s_a);
     }
+    if (u1 - u0 < 2) bar_sync(BAR_QRAW, NTH);
     return;
   }
 
@@ -203,41 +209,54 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
   asm volatile("setmaxnreg.inc.sync.aligned.u32 200;");
   const int cg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   // q as the logits' A operand: core matrix (db, h / 8), row h % 8 = d 8 db + 0..7 permuted
-  // (PERM8). Warp w of the two groups takes heads 8 w .. 8 w + 7: lane l row h = 8 w + l % 8,
-  // pieces db = 4 k + l / 8 (k < 16), so a load instruction reads 64 contiguous bytes of each
-  // of 8 rows (whole sectors) and a quarter-warp's stores go to the 8 rows of one core matrix
-  // (distinct banks); all 16 loads first. Rows off 16 bytes take 2-byte loads in a loop of
-  // their own (merged into the unrolled code, their predicated-off instructions waited on the
-  // 16-byte loads one by one).
+  // (PERM8). Rows on 16 bytes come by bulk copy (the TMA unit: one copy of H KB when the rows
+  // are contiguous, else one a row) into tile buffer 1 and are permuted from there: lane l of
+  // warp w takes row r = 8 w + l % 8 and 16-byte pieces c = 4 k + l / 8 + l % 8 (mod 64), so a
+  // quarter-warp reads 8 rows at 8 distinct bank groups and writes one core matrix. (The
+  // threads' own 16-byte loads took 1.3-1.7 us more at 64 heads: benchmarks/RESULTS.md.) Rows
+  // off 16 bytes take 2-byte loads in a loop of their own. Then buffer 1 is the producer's.
   {
     const u16* qt = (const u16*)q + t * stride_qt;
-    const bool vec = (((unsigned long long)qt & 15) == 0) && (stride_qh & 7) == 0;
-    const int h = 8 * (tid >> 5) + (tid & 7), db0 = (tid >> 3) & 3;
-    auto put = [&](int k, u32 w0, u32 w1, u32 w2, u32 w3) {
-      *(uint4*)(smem + OFF_Q + cm(4 * k + db0, h >> 3) + (h & 7) * 16) =
+    const int r = 8 * (tid >> 5) + (tid & 7);
+    auto put = [&](int c, u32 w0, u32 w1, u32 w2, u32 w3) {
+      *(uint4*)(smem + OFF_Q + cm(c, r >> 3) + (r & 7) * 16) =
           make_uint4(__byte_perm(w0, w1, 0x5410), __byte_perm(w2, w3, 0x5410),
                      __byte_perm(w0, w1, 0x7632), __byte_perm(w2, w3, 0x7632));
     };
-    if (vec) {
-      uint4 v[16];
+    if ((((unsigned long long)qt & 15) == 0) && (stride_qh & 7) == 0) {
+      unsigned long long* mbar = (unsigned long long*)(smem + OFF_MBAR);
+      unsigned char* raw = smem + SM_TILE;
+      if (tid == 0) {
+        mbar_init(mbar, 1);
+        mbar_expect_tx(mbar, 1024u * H);
+      }
+      bar_sync(BAR_CONS, 256);
+      if (stride_qh == 512) {
+        if (tid == 0) bulk_g2s(raw, qt, 1024u * H, mbar);
+      } else if (tid < H) {
+        bulk_g2s(raw + 1024 * tid, qt + tid * stride_qh, 1024, mbar);
+      }
+      mbar_wait(mbar, 0);
 #pragma unroll
-      for (int k = 0; k < 16; ++k)
-        v[k] = h < H ? __ldg((const uint4*)(qt + h * stride_qh + 8 * (4 * k + db0)))
-                     : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-      for (int k = 0; k < 16; ++k) put(k, v[k].x, v[k].y, v[k].z, v[k].w);
+      for (int k = 0; k < 16; ++k) {
+        const int c = (4 * k + ((tid >> 3) & 3) + (tid & 7)) & 63;
+        const uint4 x = r < H ? *(const uint4*)(raw + 1024 * r + 16 * c) : make_uint4(0u, 0u, 0u, 0u);
+        put(c, x.x, x.y, x.z, x.w);
+      }
     } else {
 #pragma unroll 1
       for (int k = 0; k < 16; ++k) {
+        const int c = 4 * k + ((tid >> 3) & 3);
         u32 w[4] = {0u, 0u, 0u, 0u};
-        if (h < H) {
-          const u16* p = qt + h * stride_qh + 8 * (4 * k + db0);
+        if (r < H) {
+          const u16* p = qt + r * stride_qh + 8 * c;
 #pragma unroll
           for (int j = 0; j < 4; ++j) w[j] = (u32)p[2 * j] | ((u32)p[2 * j + 1] << 16);
         }
-        put(k, w[0], w[1], w[2], w[3]);
+        put(c, w[0], w[1], w[2], w[3]);
       }
     }
+    bar_arrive(BAR_QRAW, NTH);
   }
   fence_async_smem();
   bar_sync(BAR_CONS, 256);

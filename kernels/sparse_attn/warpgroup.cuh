@@ -1,6 +1,7 @@
 // Warpgroup helpers of the wgmma kernels (cuda_wgmma.cu, cuda_wg64.cu), inlined into them by
 // cuda_jit.load_source: named barriers, the generic-to-async proxy fence, wgmma's fence / commit
-// / wait, and the byte offset of a core matrix in the no-swizzle tiles both kernels lay out.
+// / wait, the byte offset of a core matrix in the no-swizzle tiles both kernels lay out, and
+// mbarriers with bulk copies from global memory.
 
 #pragma once
 
@@ -25,3 +26,32 @@ __device__ __forceinline__ void wg_wait0() {
 // byte offset of core matrix (kb, mb) (8 rows x 16 B) of an operand 8 core matrices wide in its
 // M / N direction: K block kb (e.g. 8 d), M / N block mb (e.g. 8 entries or 8 heads)
 __device__ __forceinline__ int cm(int kb, int mb) { return (kb * 8 + mb) * 128; }
+
+// mbarriers and bulk copies (the TMA unit) from global to shared memory: init with `count`
+// arrivals, one arrival announcing `bytes` of copies, a copy completing its bytes on the
+// barrier, and the wait for phase `parity` to complete
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n\tfence.mbarrier_init.release.cluster;\n\t"
+               "fence.proxy.async.shared::cta;"
+               ::"r"((u32)__cvta_generic_to_shared(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               ::"r"((u32)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes,
+                                         unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes),
+      "r"((u32)__cvta_generic_to_shared(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, u32 parity) {
+  u32 done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done) : "r"((u32)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
+  }
+}

@@ -370,20 +370,22 @@ def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, build):
 
 @pytest.mark.parametrize("build", CUDA_BUILDS)
 @pytest.mark.parametrize("num_splits", [None, 1])
-def test_cuda_kernel_q_rows_off_16_bytes(build, num_splits):
-    """q rows that start off a 16-byte boundary (a view into wider rows: the 64-head kernel's
-    2-byte loading loop instead of its 16-byte loads) give the contiguous q's output exactly."""
+@pytest.mark.parametrize("start", [0, 4])
+def test_cuda_kernel_q_rows_apart(build, num_splits, start):
+    """q rows 1040 bytes apart, on 16 bytes (start 0: the 64-head kernel's bulk copy a row
+    instead of one for all rows) or off them (start 4: its 2-byte loads) give the contiguous
+    q's output exactly."""
     _cuda_or_skip()
     H = 64 if build["wg64"] else 8
     q, swa, sw, kv, tk, sink = make_case(40, H, 512, 128, 512, Layout.V41_FP4, floor_every=3)
-    wide = torch.zeros(40, H, 516, dtype=q.dtype, device=DEV)
-    wide[:, :, 4:] = q
-    off = wide[:, :, 4:]
-    assert off.data_ptr() % 16 and off.stride(1) % 8
+    wide = torch.zeros(40, H, 520, dtype=q.dtype, device=DEV)
+    wide[:, :, start : start + 512] = q
+    apart = wide[:, :, start : start + 512]
+    assert apart.stride(1) == 520 and (apart.data_ptr() % 16 == 0) == (start == 0)
     skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
     launch = dict(cuda=True, num_splits=num_splits, **build)
     want = sparse_attention(q, skv, sink, **launch)
-    assert torch.equal(sparse_attention(off, skv, sink, **launch), want)
+    assert torch.equal(sparse_attention(apart, skv, sink, **launch), want)
 
 
 @pytest.mark.parametrize("build", CUDA_BUILDS)
