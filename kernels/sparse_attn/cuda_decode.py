@@ -9,7 +9,7 @@ records (the Triton kernel, whose warps split the entries, does both; benchmarks
 Two more kernels take the same arguments: the wg build (`cuda_wgmma.cu`: wgmma over 64-entry
 tiles, producer and consumer warpgroups, blocks of 8 heads), measured and not chosen by the
 plan, and the wg64 build (`cuda_wg64.cu`: blocks of 64 bf16 heads on wgmma's M axis, each record
-dequantized once a token), the plan's choice above 16 heads from 8 decode tokens. Same
+dequantized once a token), the plan's choice above 16 heads from 2 decode tokens. Same
 arguments and meaning as `triton.sparse_attention`; fp32 q (the exact path) splits q and P into
 three exact bf16 parts, as the Triton exact path does. The torch reference is
 `kernels.sparse_attn.ref.sparse_attention_ref` (the GPU tests compare every shape with it).
