@@ -367,26 +367,42 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
   if (out_kind == 1 || out_kind == 3) {  // bf16 rows or partials: staged as bf16 pairs
     // a thread's pair of positions 2 tq, 2 tq + 1 is one word; a group's words (d 0 2), (4 6),
     // (1 3), (5 7) give (d 0 1), (2 3), (4 5), (6 7) by byte permutes
-    u32* stage = (u32*)smem;  // [64 heads][STAGE_ROW / 2] (a row: 512 d + 8 pad, bf16)
+    // The accumulator fragments are stored by stmatrix: per instruction the warp's 8 x 8 blocks
+    // (rows 16 w .. + 7, + 8 .. + 15) x (groups j, j + 1); lane l gives row l % 8 of block l / 8.
+    unsigned char* stage = smem;  // [64 heads][STAGE_ROW / 2 words] (a row: 512 d + 8 pad, bf16)
+    {
+      const int lane_row = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1), lane_j = lane >> 4;
+      const u32 a0 = (u32)__cvta_generic_to_shared(stage + lane_row * (STAGE_ROW * 2)) +
+                     2 * (256 * cg + 8 * lane_j);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int w = (256 * cg + 8 * j + 2 * tq) >> 1;
-      stage[r0 * (STAGE_ROW / 2) + w] = pack_bf16(o[4 * j] * f0, o[4 * j + 1] * f0);
-      stage[(r0 + 8) * (STAGE_ROW / 2) + w] = pack_bf16(o[4 * j + 2] * f1, o[4 * j + 3] * f1);
+      for (int j = 0; j < 32; j += 2) {
+        const u32 r0w = pack_bf16(o[4 * j] * f0, o[4 * j + 1] * f0);
+        const u32 r1w = pack_bf16(o[4 * j + 2] * f1, o[4 * j + 3] * f1);
+        const u32 r2w = pack_bf16(o[4 * j + 4] * f0, o[4 * j + 5] * f0);
+        const u32 r3w = pack_bf16(o[4 * j + 6] * f1, o[4 * j + 7] * f1);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+                     ::"r"(a0 + 16 * j), "r"(r0w), "r"(r1w), "r"(r2w), "r"(r3w) : "memory");
+      }
     }
     bar_sync(BAR_CONS, 256);
     u16* base = out_kind == 1 ? (u16*)out + t * stride_ot
                               : (u16*)part + ((long long)t * num_splits + split) * H_all * 512;
     const long long row = out_kind == 1 ? stride_oh : 512;
-    for (int i = tid; i < H * 64; i += 256) {  // a group of 8 d a thread
-      const int h = i >> 6, c8 = 8 * (i & 63);
-      const uint4 v = *(const uint4*)(stage + h * (STAGE_ROW / 2) + (c8 >> 1));
-      const uint4 w = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
-                                 __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
-      u16* po = base + h * row + c8;
-      if (((unsigned long long)po & 15) == 0) {
-        *(uint4*)po = w;
-      } else {
+    // a group of 8 d a thread: the words (d 0 2), (4 6), (1 3), (5 7) give (d 0 1), (2 3),
+    // (4 5), (6 7) by byte permutes; 16-byte stores where every row is on 16 bytes
+    auto group = [&](int i) {
+      const uint4 v = *(const uint4*)(stage + (i >> 6) * (STAGE_ROW * 2) + 16 * (i & 63));
+      return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                        __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+    };
+    if ((((unsigned long long)base & 15) | (row & 7)) == 0) {
+#pragma unroll 4
+      for (int i = tid; i < H * 64; i += 256)
+        *(uint4*)(base + (i >> 6) * row + 8 * (i & 63)) = group(i);
+    } else {
+      for (int i = tid; i < H * 64; i += 256) {
+        const uint4 w = group(i);
+        u16* po = base + (i >> 6) * row + 8 * (i & 63);
         const u32 ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) po[2 * k] = (u16)(ws[k] & 0xFFFFu), po[2 * k + 1] = (u16)(ws[k] >> 16);
