@@ -365,8 +365,6 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
   // then stored whole in d order (consecutive threads: consecutive 16 B). Positions 0..7 of a
   // group of 8 d hold d 0 2 4 6 1 3 5 7 (PERM8).
   if (out_kind == 1 || out_kind == 3) {  // bf16 rows or partials: staged as bf16 pairs
-    // a thread's pair of positions 2 tq, 2 tq + 1 is one word; a group's words (d 0 2), (4 6),
-    // (1 3), (5 7) give (d 0 1), (2 3), (4 5), (6 7) by byte permutes
     // The accumulator fragments are stored by stmatrix: per instruction the warp's 8 x 8 blocks
     // (rows 16 w .. + 7, + 8 .. + 15) x (groups j, j + 1); lane l gives row l % 8 of block l / 8.
     unsigned char* stage = smem;  // [64 heads][STAGE_ROW / 2 words] (a row: 512 d + 8 pad, bf16)
