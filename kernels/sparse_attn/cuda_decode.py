@@ -256,8 +256,7 @@ def sparse_attention(
     kernel, wg64: the 64-head warpgroup kernel (`defines_for`); defines: extra NVRTC options
     (benchmarks). The merge of the splits is a programmatic dependent launch (`merge.combine`:
     it starts while this kernel drains and waits for it before reading) unless defines say
-    -DPDL=0. Without num_splits the grid has no empty splits (as few as give each block the
-    same number of tiles)."""
+    -DPDL=0."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
     T, H, _ = q.shape
@@ -274,8 +273,6 @@ def sparse_attention(
     groups = triton.cdiv(H, group_heads(H, exact, wg64))
     ns = num_splits or tri.pick_splits(T, groups, n_tiles, q.device, per_sm)
     ns = max(1, min(ns, max(n_tiles, 1)))
-    if num_splits is None:  # as few splits as give that many tiles a block: no empty splits
-        ns = triton.cdiv(n_tiles, triton.cdiv(n_tiles, ns)) if n_tiles else 1
     dev = q.device
     if ns > 1:  # wg64's partials in a bf16 output's precision, else fp32
         bf16 = wg64 and out.dtype == torch.bfloat16

@@ -191,9 +191,9 @@ __device__ __forceinline__ EntryTiles entry_tiles(const int* swa_idx, long long 
 #define PERM8(p) ((((p) & 3) << 1) | ((p) >> 2))
 
 // Where a block writes: out_kind 0 / 3 = partials part [T, NS, H_all, 512] (fp32 / bf16: bf16
-// only from the wg64 kernel, for a bf16 output) and base-2 log-sum-exps lse [T, NS, H_all]; 1 / 2
-// = the final rows of out (bf16 / fp32) with the sink. store_pair writes kinds 0-2. The pointers start at the block's first
-// head (part_heads, out_heads); H of its heads exist.
+// only from the wg64 kernel, for a bf16 output) and base-2 log-sum-exps lse [T, NS, H_all];
+// 1 / 2 = the final rows of out (bf16 / fp32) with the sink. store_pair writes kinds 0-2. The
+// pointers start at the block's first head (part_heads, out_heads); H of its heads exist.
 struct BlockOut {
   float* part;
   float* lse;

@@ -152,8 +152,10 @@ def _flashmla_ok(device: torch.device) -> bool:
 
 
 def pick_splits(T: int, head_blocks: int, n_tiles: int, device: torch.device, per_sm: int) -> int:
-    """Splits per (token, head block) so that the grid fills the GPU about per_sm times."""
-    return max(1, min(n_tiles, per_sm * _sms(device) // max(1, T * head_blocks)))
+    """Splits per (token, head block) so that the grid fills the GPU about per_sm times, as few
+    as give each program the same number of tiles (a ceil share each: no empty splits)."""
+    ns = max(1, min(n_tiles, per_sm * _sms(device) // max(1, T * head_blocks)))
+    return triton.cdiv(n_tiles, triton.cdiv(n_tiles, ns)) if n_tiles else 1
 
 
 def sparse_attention(

@@ -312,6 +312,24 @@ def test_flashmla_workspace_interpreted(layout, sort, monkeypatch):
     assert rows[3, 0] == R - 1 and (ws[R - 1] == 0).all()
 
 
+def test_split_grids_have_no_empty_splits():
+    """`pick_splits`: each split gets a ceil share of the tiles, and there are no more splits
+    than give each program that many (the 64-head kernel at 16 tokens had 8 splits of 10 tiles,
+    three of them empty, and took 22.7 us against 19.8 with 5 on the H200)."""
+    from sglang_dsv41.kernels.sparse_attn import triton as tri
+
+    cpu = torch.device("cpu")  # 2 "SMs" off CUDA
+    for n_tiles in range(0, 50):
+        for per_sm in range(1, 200):
+            ns = tri.pick_splits(1, 1, n_tiles, cpu, per_sm)
+            fill = max(1, min(n_tiles, 2 * per_sm))  # the splits that fill the grid
+            assert 1 <= ns <= fill, (n_tiles, per_sm, ns)
+            if n_tiles:  # the same tiles a program as the filling grid, and the last split has some
+                per = -(-n_tiles // ns)
+                assert per == -(-n_tiles // fill) and (ns - 1) * per < n_tiles, (n_tiles, per_sm)
+    assert tri.pick_splits(1, 1, 10, cpu, 4) == 5  # 8 fit the grid; 5 give the same 2 tiles each
+
+
 def test_merge_launch_shape_bounds_each_threads_values():
     """The merge's programs at every split count: DC columns dividing D, and at most 128 partial
     values a thread held at once (512 columns on two warps at 64 splits, 512 values a thread,
