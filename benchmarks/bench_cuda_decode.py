@@ -8,8 +8,8 @@ Cases, inputs and timer as `bench_attention.py` (decode batch 1 / 8 / 32 / 128 /
 128 + top-512 V41_FP4 entries, CUDA-graph replays with the L2 flushed): per case FlashMLA's
 64-head decode (bf16), the plan's Triton choice for the shape (the CUDA kernel left out), and
 each CUDA variant of the plan (`triton.variants_for`: tiles of 16 in grids of 2 and 3 blocks per
-SM, tiles of 32, the slim build, at up to 8 heads the half build and the warpgroup kernel, above
-32 heads the 64-head warpgroup kernel), each
+SM, tiles of 32, the slim and the wide build, at up to 8 heads the half build and the warpgroup
+kernel, above 16 heads the 64-head warpgroup kernel), each
 also with every extra build (`--build`: NVRTC options, e.g. another STAGES or MIN_BLOCKS).
 `--exact`: fp32 queries (the served layer's; the CUDA kernel's exact mode, up to 8 heads).
 Prints a table, writes JSON.
@@ -39,22 +39,24 @@ def triton_launch(n: int, H: int, exact: bool) -> dict:
     return dataclasses.asdict(tri.plan_for(n, H, ba.D, ba.DEV, exact, cuda=False))
 
 
+CUDA_FIELDS = ("per_sm", "block_n", "slim", "half", "wg", "wg64", "wide")  # the launcher's
+
+
 def cuda_variants(H: int, exact: bool) -> dict:
-    """The plan's CUDA variants at H heads: name -> (per_sm, block_n, slim, half, wg, wg64)."""
+    """The plan's CUDA variants at H heads: name -> the launcher's options (CUDA_FIELDS)."""
     return {
-        name: (p["per_sm"], p["block_n"], p["slim"], p["half"], p["wg"], p["wg64"])
+        name: {k: p[k] for k in CUDA_FIELDS}
         for name, p in tri.variants_for(H, exact).items()
         if p["cuda"]
     }
 
 
-def cuda_fn(n: int, H: int, exact: bool, variant: tuple, build: tuple):
-    per_sm, block_n, slim, half, wg, wg64 = variant
+def cuda_fn(n: int, H: int, exact: bool, variant: dict, build: tuple):
     q, skv, sink = ba.ours_inputs("decode", n, H, Layout.V41_FP4, exact)
     swa, kv = skv.swa_cache.view(-1, 528), skv.kv_cache.view(-1, 288)
     return lambda: cuda_decode.sparse_attention(
         q, swa, skv.swa_slots, kv, skv.topk_slots, True, sink, ba.D**-0.5, None,
-        per_sm=per_sm, block_n=block_n, slim=slim, half=half, defines=build, wg=wg, wg64=wg64,
+        defines=build, **variant,
     )  # fmt: skip
 
 

@@ -33,10 +33,10 @@
 #endif
 #define ET (BN / 16)  // 16-entry sub-tiles of a tile
 #ifndef NW
-#define NW 4  // warps per block, each owning DQ = 512 / NW of the head dimension (4 or 2)
+#define NW 4  // warps per block, each owning DQ = 512 / NW of the head dimension (8, 4 or 2)
 #endif
-#if NW != 4 && NW != 2
-#error "NW is 4 (quarters of the head dimension) or 2 (halves)"
+#if NW != 8 && NW != 4 && NW != 2
+#error "NW is 8 (eighths of the head dimension), 4 (quarters) or 2 (halves)"
 #endif
 #define DQ (512 / NW)
 #define KS (DQ / 16)  // 16-wide steps of a warp's d range (k-steps of the logits, m-tiles of P V)
@@ -66,7 +66,9 @@ __device__ __forceinline__ void cp_wait() {  // all but the newest STAGES - 2 gr
 // so each cp.async and each read-back of the warp is one conflict-free 512 B row), and each
 // lane's scale bytes (8 B a lane).
 #define NCH (DQ / 32)  // 16 B chunks of a lane (V41; V41_FP4 uses the first half)
-#if NW == 4
+#if NW == 8
+typedef u32 ScaleWords;  // a lane's scale bytes: V41 the pair of warps' 4, V41_FP4 4
+#elif NW == 4
 typedef uint2 ScaleWords;  // a lane's scale bytes: V41 4, V41_FP4 8
 #else
 typedef uint4 ScaleWords;  // V41 8, V41_FP4 16
@@ -90,7 +92,9 @@ __device__ __forceinline__ void issue_raw(Raw& r, int lane, const u8* base, int 
     const u8* pv = rec + DQ / 2 * warp + 16 * hh;
 #pragma unroll
     for (int i = 0; i < NCH / 2; ++i) cp16(&r.v[i][lane], pv + 32 * i, n);
-#if NW == 4
+#if NW == 8
+    cp4(&r.s[lane], rec + 256 + 4 * warp, slot >= 0 ? 4 : 0);
+#elif NW == 4
     cp8(&r.s[lane], rec + 256 + 8 * warp, slot >= 0 ? 8 : 0);
 #else
     cp16(&r.s[lane], rec + 256 + 16 * warp, n);
@@ -99,7 +103,9 @@ __device__ __forceinline__ void issue_raw(Raw& r, int lane, const u8* base, int 
     const u8* pv = rec + DQ * warp + 16 * hh;
 #pragma unroll
     for (int i = 0; i < NCH; ++i) cp16(&r.v[i][lane], pv + 32 * i, n);
-#if NW == 4
+#if NW == 8  // 2 bytes a warp: the word of the warp pair (store_tile takes its half)
+    cp4(&r.s[lane], rec + 512 + 4 * (warp >> 1), slot >= 0 ? 4 : 0);
+#elif NW == 4
     cp4(&r.s[lane], rec + 512 + 4 * warp, slot >= 0 ? 4 : 0);
 #else
     cp8(&r.s[lane], rec + 512 + 8 * warp, slot >= 0 ? 8 : 0);
@@ -112,7 +118,9 @@ __device__ __forceinline__ void issue_raw(Raw& r, int lane, const u8* base, int 
 __device__ __forceinline__ void store_tile(u16* tile, const Raw& r, int lane, int fmt, int e,
                                            int hh) {
   const ScaleWords scw = r.s[lane];
-#if NW == 4
+#if NW == 8
+  const u32 sc[1] = {fmt ? scw : scw >> (16 * ((threadIdx.x >> 5) & 1))};
+#elif NW == 4
   const u32 sc[2] = {scw.x, scw.y};
 #else
   const u32 sc[4] = {scw.x, scw.y, scw.z, scw.w};

@@ -75,7 +75,8 @@ def _option(defines: tuple, name: str, default: int) -> int:
 
 
 def warps(defines: tuple = ()) -> int:
-    """Warps per block: NW, 4 (each a quarter of the head dimension) unless the build says 2;
+    """Warps per block: NW, 4 (each a quarter of the head dimension) unless the build says 2
+    or 8;
     for the warpgroup kernel 4 consumer warps and 4 per producer warpgroup (NPW); for the
     64-head one two consumer warpgroups and a producer warpgroup."""
     if "-DWG64=1" in defines:
@@ -89,8 +90,8 @@ def smem_bytes(defines: tuple = ()) -> int:
     """The kernel's dynamic shared memory for a build: per warp (NW of them, each owning DQ =
     512 / NW of the head dimension) KBUF dequantized tiles of BN rows of 2 DQ + 16 B, two
     buffers of logit fragments (512 B per 16 entries and tile of 8 heads), and per stage of
-    the record ring, per 16 entries, DQ / 32 chunks of 512 B and the scale words (256 B at NW
-    4, 512 B at NW 2) (defaults NW 4, NH 2, BN 16, KBUF 2 at BN 16 else 1, STAGES 3)."""
+    the record ring, per 16 entries, DQ / 32 chunks of 512 B and the scale words (128 B at NW
+    8, 256 B at 4, 512 B at 2) (defaults NW 4, NH 2, BN 16, KBUF 2 at BN 16 else 1, STAGES 3)."""
     if "-DWG64=1" in defines:  # two 64 KB tiles, q (64 x 512 bf16), the entry flags, mbarrier
         return WG64_SMEM
     if "-DWG=1" in defines:  # two 64 KB tiles, two stages of 34 KB, q and P^T parts, maxima
@@ -103,7 +104,7 @@ def smem_bytes(defines: tuple = ()) -> int:
     kbuf = _option(defines, "KBUF", 2 if bn == 16 else 1)
     stages = _option(defines, "STAGES", 3)
     et, dq = bn // 16, D // nw
-    raw = dq // 32 * 512 + 32 * (8 if nw == 4 else 16)
+    raw = dq // 32 * 512 + 32 * {8: 4, 4: 8, 2: 16}[nw]
     red = 2 * (et if nh == 1 else 2 * et) * 512  # two buffers of RED_N float4 per lane
     return nw * (kbuf * bn * (2 * dq + 16) + red + stages * et * raw)
 
@@ -121,28 +122,34 @@ def group_heads(H: int, exact: bool, wg64: bool = False) -> int:
 
 def defines_for(
     H: int, exact: bool, block_n: int = BN, slim: bool = False, half: bool = False,
-    wg: bool = False, wg64: bool = False,
+    wg: bool = False, wg64: bool = False, wide: bool = False,
 ) -> tuple:  # fmt: skip
     """The NVRTC options of the build for H heads (NH tiles of 8 in P V), fp32 q (`exact`)
     and tiles of block_n (16 or 32) entries; `slim` (tiles of 16): one tile buffer and two
     stages of records, 40 KB of shared memory, sized for four blocks per SM at 8 heads a block
     (three at 16); `half` (tiles of 16, blocks of 8 heads): two warps a block, each half of the
     head dimension, one tile buffer and two stages, sized for five blocks per SM (four with
-    fp32 q); `wg` (blocks of 8 heads): the warpgroup kernel (cuda_wgmma.cu, tiles of 64, one
-    block per SM; two producer warpgroups with bf16 q, one with fp32 q); `wg64`: the 64-head
-    warpgroup kernel (cuda_wg64.cu: bf16 q, blocks of 64 heads, tiles of 64, one block per
-    SM)."""
+    fp32 q); `wide` (tiles of 16): eight warps a block, each an eighth of the head dimension,
+    so a block's chain of work per tile is about half as long (the few-token batches, where
+    each block has one or two tiles), sized for two blocks per SM; `wg` (blocks of 8 heads):
+    the warpgroup kernel (cuda_wgmma.cu, tiles of 64, one block per SM; two producer
+    warpgroups with bf16 q, one with fp32 q); `wg64`: the 64-head warpgroup kernel
+    (cuda_wg64.cu: bf16 q, blocks of 64 heads, tiles of 64, one block per SM)."""
     if wg64:
-        if exact or slim or half or wg:
+        if exact or slim or half or wg or wide:
             raise ValueError(
-                "the wg64 build takes bf16 q and neither slim, half nor wg (exact = "
-                f"{exact}, slim = {slim}, half = {half}, wg = {wg})"
+                "the wg64 build takes bf16 q and neither slim, half, wg nor wide (exact = "
+                f"{exact}, slim = {slim}, half = {half}, wg = {wg}, wide = {wide})"
             )
         return ("-DWG64=1", "-DBN=64")
-    if block_n not in STAGES or ((slim or half or wg) and block_n != BN):
+    if block_n not in STAGES or ((slim or half or wg or wide) and block_n != BN):
         raise ValueError(
-            f"the CUDA kernel takes tiles of {sorted(STAGES)} entries (slim, half, wg: {BN}), "
-            f"not {block_n}"
+            f"the CUDA kernel takes tiles of {sorted(STAGES)} entries (slim, half, wg, wide: "
+            f"{BN}), not {block_n}"
+        )
+    if wide and (slim or half or wg):
+        raise ValueError(
+            f"the wide build is neither slim, half nor wg (slim = {slim}, half = {half}, wg = {wg})"
         )
     nh = group_heads(H, exact) // 8
     if half and (slim or nh != 1):
@@ -164,17 +171,18 @@ def defines_for(
         d += ("-DNW=2", "-DKBUF=1", "-DSTAGES=2", f"-DMIN_BLOCKS={4 if exact else 5}")
     if wg:
         d += ("-DWG=1", "-DBN=64", f"-DNPW={1 if exact else 2}")
+    if wide:
+        d += ("-DNW=8", "-DMIN_BLOCKS=2")
     return d
 
 
 # The builds the plan uses (sparse_attention): blocks of 8 / 16 bf16 heads and of 8 fp32 heads,
-# tiles of 16 and 32, the slim, half and wg builds for blocks of 8 heads, and the 64-head one.
+# tiles of 16 and 32 and the wide build, the slim, half and wg builds for blocks of 8 heads, and
+# the 64-head one.
+_BLOCKS = ((8, False), (16, False), (8, True))
 BUILDS = (
-    tuple(
-        defines_for(H, exact, bn)
-        for H, exact in ((8, False), (16, False), (8, True))
-        for bn in STAGES
-    )
+    tuple(defines_for(H, exact, bn) for H, exact in _BLOCKS for bn in STAGES)
+    + tuple(defines_for(H, exact, wide=True) for H, exact in _BLOCKS)
     + tuple(defines_for(8, x, **{k: True}) for k in ("slim", "half", "wg") for x in (False, True))
     + (defines_for(64, False, wg64=True),)
 )
@@ -247,13 +255,14 @@ def sparse_attention(
     q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink, scale: float, out,
     out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, block_n: int = BN,
     slim: bool = False, half: bool = False, defines: tuple = (), wg: bool = False,
-    wg64: bool = False,
+    wg64: bool = False, wide: bool = False,
 ):  # fmt: skip
     """Launch over T tokens (grid T x splits x head groups of 32 `warps(defines)` threads);
     arguments as `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm`
     times; block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax
-    steps per entry); slim, half: the builds for four / five blocks per SM, wg: the warpgroup
-    kernel, wg64: the 64-head warpgroup kernel (`defines_for`); defines: extra NVRTC options
+    steps per entry); slim, half: the builds for four / five blocks per SM, wide: eight warps a
+    block, wg: the warpgroup kernel, wg64: the 64-head warpgroup kernel (`defines_for`);
+    defines: extra NVRTC options
     (benchmarks). The merge of the splits is a programmatic dependent launch (`merge.combine`:
     it starts while this kernel drains and waits for it before reading) unless defines say
     -DPDL=0."""
@@ -267,7 +276,7 @@ def sparse_attention(
         return out
     W, TOPK = swa_slots.shape[1], topk_slots.shape[1]
     exact = q.dtype == torch.float32
-    defines = (*defines_for(H, exact, block_n, slim, half, wg, wg64), *defines)
+    defines = (*defines_for(H, exact, block_n, slim, half, wg, wg64, wide), *defines)
     bn = _option(defines, "BN", BN)
     n_tiles = triton.cdiv(W, bn) + triton.cdiv(TOPK, bn)
     groups = triton.cdiv(H, group_heads(H, exact, wg64))

@@ -25,7 +25,9 @@ class Plan:
     cuda: the CUDA kernel (cuda_decode; splits from num_splits / per_sm, tiles of block_n = 16
     or 32 entries); slim: its build for four blocks per SM (tiles of 16, one tile buffer, two
     stages of records); half: its build with two warps a block, each half of the head
-    dimension (tiles of 16, one tile buffer, two stages; at most 8 heads a block); wg: the
+    dimension (tiles of 16, one tile buffer, two stages; at most 8 heads a block); wide: its
+    build with eight warps a block, each an eighth of the head dimension (tiles of 16, two
+    blocks per SM; a block's chain of work per tile about half as long); wg: the
     warpgroup kernel (cuda_wgmma.cu: wgmma over tiles of 64 entries, producer and consumer
     warpgroups, one block per SM, blocks of 8 heads; measured, chosen nowhere yet); wg64: the
     64-head warpgroup kernel (cuda_wg64.cu: the heads on wgmma's M axis, tiles of 64 entries,
@@ -51,6 +53,7 @@ class Plan:
     half: bool = False
     wg: bool = False
     wg64: bool = False
+    wide: bool = False
 
 
 def _variants(H: int) -> dict:
@@ -76,13 +79,14 @@ def _variants(H: int) -> dict:
     small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
     small["direct_n32_pf_x2"] = dataclasses.replace(small["direct_n32_x2"], prefetch=True)
     # the CUDA kernel (cuda_decode; blocks of 8 or 16 heads): tiles of 16, grids of 2 or 3
-    # blocks per SM; tiles of 32, two
+    # blocks per SM; tiles of 32, two; the slim build, four; the wide build, one
     cuda = {
         f"cuda_x{k}": Plan(block_h=16, block_n=16, num_warps=4, swap=False, cuda=True, per_sm=k)
         for k in (2, 3)
     }
     cuda["cuda32_x2"] = dataclasses.replace(cuda["cuda_x2"], block_n=32)
     cuda["cuda_slim_x4"] = dataclasses.replace(cuda["cuda_x2"], slim=True, per_sm=4)
+    cuda["cuda_wide_x1"] = dataclasses.replace(cuda["cuda_x2"], wide=True, per_sm=1)
     if H <= 8:  # two warps a block (blocks of 8 heads): five blocks per SM, four with fp32 q
         for k in (4, 5):
             cuda[f"cuda_half_x{k}"] = dataclasses.replace(cuda["cuda_x2"], half=True, per_sm=k)

@@ -57,7 +57,8 @@ def _max_regs(defines: tuple) -> int:
     """Tiles of 16: three blocks of 128 threads per SM (168 registers; 128, four blocks, at up
     to 8 heads in bf16 and in the slim builds); tiles of 32: two (shared memory allows no
     more); the half builds (blocks of 64 threads): five (204) in bf16, four (255) with fp32
-    q; the warpgroup kernels one block per SM (the 64-head one: 384 threads, 168)."""
+    q; the wide builds (blocks of 256 threads): two (128); the warpgroup kernels one block per
+    SM (the 64-head one: 384 threads, 168)."""
     if "-DWG64=1" in defines:
         return 168
     if "-DWG=1" in defines:  # one block of 128 (1 + NPW) threads per SM
@@ -66,6 +67,8 @@ def _max_regs(defines: tuple) -> int:
         return 255
     if "-DNW=2" in defines:
         return 65536 // (64 * cuda_decode._option(defines, "MIN_BLOCKS", 0)) // 8 * 8 - 1
+    if "-DNW=8" in defines:
+        return 65536 // (256 * cuda_decode._option(defines, "MIN_BLOCKS", 0)) // 8 * 8
     if defines == ("-DNH=1",) or "-DMIN_BLOCKS=4" in defines:  # the slim build: four
         return 128
     return 168
@@ -83,6 +86,10 @@ def test_the_builds_are_the_launchers():
     assert cuda_decode.warps(half) == 2 and cuda_decode.warps(slim) == 4
     assert 5 * (cuda_decode.smem_bytes(half) + 1024) <= 228 * 1024  # five blocks per SM
     assert "-DMIN_BLOCKS=4" in cuda_decode.defines_for(3, True, half=True)
+    wide = cuda_decode.defines_for(16, False, wide=True)
+    assert wide == ("-DNH=2", "-DNW=8", "-DMIN_BLOCKS=2") and cuda_decode.warps(wide) == 8
+    assert 2 * (cuda_decode.smem_bytes(wide) + 1024) <= 228 * 1024  # two blocks per SM
+    assert cuda_decode.defines_for(8, True, wide=True) == ("-DEXACT=1", "-DNH=1", *wide[1:])
     wg = cuda_decode.defines_for(8, False, wg=True)
     assert wg == ("-DNH=1", "-DWG=1", "-DBN=64", "-DNPW=2") and cuda_decode.warps(wg) == 12
     assert cuda_decode.warps(cuda_decode.defines_for(64, True, wg=True)) == 8  # one producer WG
@@ -92,7 +99,7 @@ def test_the_builds_are_the_launchers():
     assert wg64 == ("-DWG64=1", "-DBN=64") and cuda_decode.warps(wg64) == 12
     assert cuda_decode.smem_bytes(wg64) <= 232448 and cuda_decode.group_heads(40, False, True) == 64
     assert cuda_decode.source(wg64)[1] == "sparse_wg64" and cuda_decode.source(wg)[1] == "sparse_wg"
-    assert len(set(cuda_decode.BUILDS)) == 13
+    assert len(set(cuda_decode.BUILDS)) == 16
     with pytest.raises(ValueError, match="wg64"):
         cuda_decode.defines_for(64, True, wg64=True)  # bf16 q only
     with pytest.raises(ValueError, match="slim"):
@@ -103,6 +110,10 @@ def test_the_builds_are_the_launchers():
         cuda_decode.defines_for(8, False, slim=True, half=True)
     with pytest.raises(ValueError, match="wg"):
         cuda_decode.defines_for(16, False, wg=True)
+    with pytest.raises(ValueError, match="wide"):
+        cuda_decode.defines_for(8, False, slim=True, wide=True)
+    with pytest.raises(ValueError, match="wide"):
+        cuda_decode.defines_for(8, False, 32, wide=True)  # tiles of 16 only
     with pytest.raises(ValueError, match="tiles of"):
         cuda_decode.defines_for(8, False, 64)
 
@@ -180,7 +191,8 @@ def test_shared_memory_per_build():
     at 8: one float4 per lane and warp), 9 KB a stage; three blocks fit an SM (228 KB, 1 KB
     reserved per block). Tiles of 32: one buffer, twice the logits and stages; two blocks.
     Two warps (half): rows of 528 B, 18 KB a stage of 16 records (V41: 256 B of a record per
-    warp)."""
+    warp). Eight warps (wide): rows of 144 B, a stage of 16 records 1152 B a warp (64 B of a
+    record and its scale word)."""
     assert cuda_decode.smem_bytes() == 34816 + 8192 + 3 * 9216
     assert cuda_decode.smem_bytes(("-DNH=1",)) == 34816 + 4096 + 3 * 9216
     assert cuda_decode.smem_bytes(("-DSTAGES=4",)) - cuda_decode.smem_bytes() == 9216
@@ -190,6 +202,8 @@ def test_shared_memory_per_build():
     assert 2 * (cuda_decode.smem_bytes(b32) + 1024) <= 228 * 1024
     half = cuda_decode.defines_for(8, False, half=True)
     assert cuda_decode.smem_bytes(half) == 2 * 16 * 528 + 2048 + 2 * 2 * (8 * 512 + 512)
+    wide = cuda_decode.defines_for(8, False, wide=True)
+    assert cuda_decode.smem_bytes(wide) == 8 * (2 * 16 * 144 + 1024 + 3 * (1024 + 128))
     # the 64-head kernel: two 64 KB tiles, q (64 x 512 bf16), the entry flags of two buffers;
     # the output rows staged over the tiles and q (64 rows of 520 floats) fit
     wg64 = cuda_decode.defines_for(64, False, wg64=True)
@@ -211,8 +225,23 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
 
     # bf16 q (the measured winners, benchmarks/RESULTS.md)
     want = {
-        8: {1: "cuda_x3", 31: "cuda_x3", 32: "cuda_x2", 128: "cuda_slim_x4", 4096: "cuda_half_x5"},
-        16: {7: "triton", 8: "cuda32_x2", 64: "cuda_x2", 256: "cuda32_x2", 4096: "cuda_x3"},
+        8: {
+            1: "cuda_wide_x1",
+            7: "cuda_wide_x1",
+            8: "cuda_x3",
+            31: "cuda_x3",
+            32: "cuda_x2",
+            128: "cuda_slim_x4",
+            4096: "cuda_half_x5",
+        },
+        16: {
+            1: "cuda_wide_x1",
+            7: "cuda_wide_x1",
+            8: "cuda32_x2",
+            64: "cuda_x2",
+            256: "cuda32_x2",
+            4096: "cuda_x3",
+        },
         32: {1: "cuda_x2", 2: "cuda_wg64_x1", 256: "cuda_wg64_x1", 1024: "triton"},
         64: {1: "triton", 2: "cuda_wg64_x1", 1023: "cuda_wg64_x1", 4096: "triton"},
         128: {1: "triton", 2: "cuda_wg64_x1", 4096: "triton"},
@@ -222,7 +251,13 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
             assert name(T, H) == n, (T, H)
     # fp32 q (the served layer's exact path): the exact mode at every head count
     want_x = {
-        8: {1: "cuda_x3", 64: "cuda_x2", 300: "cuda_slim_x4", 4096: "cuda_half_x4"},
+        8: {
+            1: "cuda_wide_x1",
+            8: "cuda_x3",
+            64: "cuda_x2",
+            300: "cuda_slim_x4",
+            4096: "cuda_half_x4",
+        },
         16: {1: "cuda_x3", 64: "cuda32_x2", 256: "cuda_half_x4", 4096: "cuda_half_x4"},
         64: {
             8: "cuda_x3",
@@ -244,7 +279,7 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     assert tri.plan_for(1024, 8, 512, CPU, False, cuda=False).workspace  # prefill w/o it
     for H in (8, 16, 32, 64):  # every head count has the CUDA variants (the GPU tests run them)
         for exact in (False, True):
-            names = {"cuda_x2", "cuda_x3", "cuda32_x2", "cuda_slim_x4"}
+            names = {"cuda_x2", "cuda_x3", "cuda32_x2", "cuda_slim_x4", "cuda_wide_x1"}
             names |= {"cuda_half_x4", "cuda_half_x5", "cuda_wg_x1"} if H <= 8 or exact else set()
             assert names <= set(tri.variants_for(H, exact)), H
 
@@ -257,20 +292,22 @@ def test_the_source_ships_with_the_package():
 
 
 def test_tiles_of_32_over_a_slim_default_drop_slim(monkeypatch):
-    """A launch that asks for tiles of 32 where the default plan is the slim or the half build
-    (tiles of 16 only) gets the tiles of 32 build; asking for both is refused by name."""
+    """A launch that asks for tiles of 32 where the default plan is the slim, the half or the
+    wide build (tiles of 16 only) gets the tiles of 32 build; asking for both is refused by
+    name."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(tri, "_cuda_ok", lambda device: True)
     assert tri.plan_for(300, 8, 512, CPU, False).slim
     assert tri.plan_for(4096, 8, 512, CPU, False).half
+    assert tri.plan_for(1, 8, 512, CPU, False).wide
     seen = {}
 
-    def fake(*args, wg=False, wg64=False):
+    def fake(*args, wg=False, wg64=False, wide=False):
         seen["block_n"], seen["slim"], seen["half"] = args[-3:]
-        seen["wg"] = wg or wg64
+        seen["wg"] = wg or wg64 or wide
 
     monkeypatch.setattr(cuda_decode, "sparse_attention", fake)
-    for T in (300, 4096):
+    for T in (1, 300, 4096):
         q, swa, sw, kv, tk, fp4 = _args(T=T)
         tri.sparse_attention(q, swa, sw, kv, tk, fp4, None, 1.0, None, cuda=True, block_n=32)
         assert seen == {"block_n": 32, "slim": False, "half": False, "wg": False}, T

@@ -318,16 +318,18 @@ def test_flashmla_route_returns_its_output_without_out():
     assert torch.equal(own, filled)
 
 
-# the CUDA kernel's builds: tiles of 16, of 32, the slim build (four blocks per SM), the half
-# build (two warps a block) and the warpgroup kernel (cuda_wgmma.cu); the last two take blocks
-# of 8 heads: bf16 q at up to 8 heads, fp32 q at any
+# the CUDA kernel's builds: tiles of 16, of 32, the slim build (four blocks per SM), the wide
+# build (eight warps a block), the half build (two warps a block) and the warpgroup kernel
+# (cuda_wgmma.cu); the last two take blocks of 8 heads: bf16 q at up to 8 heads, fp32 q at any
+_NO_BUILD = dict(block_n=16, slim=False, half=False, wg=False, wg64=False, wide=False)
 CUDA_BUILDS = [
-    dict(block_n=16, slim=False, half=False, wg=False, wg64=False),
-    dict(block_n=32, slim=False, half=False, wg=False, wg64=False),
-    dict(block_n=16, slim=True, half=False, wg=False, wg64=False),
-    dict(block_n=16, slim=False, half=True, wg=False, wg64=False),
-    dict(block_n=16, slim=False, half=False, wg=True, wg64=False),
-    dict(block_n=64, slim=False, half=False, wg=False, wg64=True),  # blocks of 64 heads, any H
+    _NO_BUILD,
+    dict(_NO_BUILD, block_n=32),
+    dict(_NO_BUILD, slim=True),
+    dict(_NO_BUILD, wide=True),
+    dict(_NO_BUILD, half=True),
+    dict(_NO_BUILD, wg=True),
+    dict(_NO_BUILD, block_n=64, wg64=True),  # blocks of 64 heads, any H
 ]
 
 
@@ -400,13 +402,13 @@ def test_cuda_kernel_segment_lengths(W, TOPK, build):
 
 
 def test_cuda_kernel_graph_capture_and_default_plan():
-    """The default plan takes the CUDA kernel at up to 8 heads from one token, at 9-16 heads
-    from 8, for fp32 q at any head count (`_cuda_variant`); it replays from a CUDA graph;
-    arguments it cannot take (a cache off a 16-byte boundary) go to Triton."""
+    """The default plan takes the CUDA kernel at up to 16 heads from one token (below 8 tokens
+    its wide build), for fp32 q at any head count (`_cuda_variant`); it replays from a CUDA
+    graph; arguments it cannot take (a cache off a 16-byte boundary) go to Triton."""
     _cuda_or_skip()
     assert tri.plan_for(64, 8, 512, DEV, False).cuda and tri.plan_for(300, 16, 512, DEV, False).cuda
-    assert tri.plan_for(1, 8, 512, DEV, False).cuda
-    assert not tri.plan_for(7, 16, 512, DEV, False).cuda
+    assert tri.plan_for(1, 8, 512, DEV, False).wide and tri.plan_for(7, 16, 512, DEV, False).wide
+    assert tri.plan_for(1, 8, 512, DEV, True).wide  # fp32 q at up to 8 heads
     assert tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q at 8 heads: the exact mode
     assert tri.plan_for(64, 64, 512, DEV, True).cuda  # and at 64, in blocks of 8 heads
     assert tri.plan_for(8, 64, 512, DEV, False).wg64  # bf16 q at 64 heads: the 64-head kernel
@@ -415,7 +417,7 @@ def test_cuda_kernel_graph_capture_and_default_plan():
     assert not tri.plan_for(1, 64, 512, DEV, False).cuda
     assert tri.plan_for(200, 16, 512, DEV, False).block_n == 32  # tiles of 32 from 128 tokens
     assert tri.plan_for(1100, 8, 512, DEV, False).half  # prefill at up to 8 heads
-    for T, H in ((64, 8), (200, 16), (8, 64), (1100, 8), (40, 64), (16, 64), (50, 32)):
+    for T, H in ((64, 8), (200, 16), (8, 64), (1100, 8), (40, 64), (16, 64), (50, 32), (3, 16)):
         q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, Layout.V41_FP4)
         skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
         out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=DEV)
