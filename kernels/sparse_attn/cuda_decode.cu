@@ -5,7 +5,7 @@
 //
 // One CTA = one query token x one split of its entry list (SWA tiles, then top-k tiles; tiles
 // of BN = 16 or 32 entries) x one group of 8 NH heads (NH = 1: up to 8; 2: 16); NW = 4 warps
-// (or 2), warp w owns the head-dim range d in [DQ w, DQ w + DQ), DQ = 512 / NW:
+// (or 2, or 8), warp w owns the head-dim range d in [DQ w, DQ w + DQ), DQ = 512 / NW:
 //  - the records of tile u + STAGES - 1 are requested by cp.async into a per-warp ring while
 //    tile u is computed (each lane stages and reads back only its own bytes);
 //  - each warp dequantizes its range of a tile's records into its own shared-memory tile, in
@@ -21,6 +21,8 @@
 //    its accumulator is DQ d x 8 NH heads, fp32.
 // NW = 2 halves the per-tile work that every warp repeats (index loads, softmax, barrier) at
 // twice the accumulator and dequantization per warp: faster in prefill at up to 8 heads.
+// NW = 8 halves each warp's dequantization and products of a tile instead (the same index
+// loads and softmax on eight warps): faster where a block has only one or two tiles.
 // EXACT (fp32 q, NH = 1): q and P are split into three exact bf16 parts and each product is
 // three MMAs, the small parts first (the Triton exact path's arithmetic).
 // Output: fp32 partials (normalized, with base-2 log-sum-exps) for the merge kernel, or, with

@@ -258,8 +258,16 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
             300: "cuda_slim_x4",
             4096: "cuda_half_x4",
         },
-        16: {1: "cuda_x3", 64: "cuda32_x2", 256: "cuda_half_x4", 4096: "cuda_half_x4"},
+        16: {
+            1: "cuda_wide_x1",
+            3: "cuda_wide_x1",
+            4: "cuda_x3",
+            64: "cuda32_x2",
+            256: "cuda_half_x4",
+            4096: "cuda_half_x4",
+        },
         64: {
+            1: "cuda_x3",
             8: "cuda_x3",
             32: "cuda32_x2",
             127: "cuda32_x2",
