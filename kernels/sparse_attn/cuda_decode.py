@@ -5,7 +5,8 @@ use by NVRTC (`cuda_jit`): the 8 / 16 heads per GPU of V4.1 served with tensor p
 Each warp owns a quarter of the head dimension (a half in the half build, an eighth in the wide
 build) for a whole tile of 16 or 32 entries (its own dequantized tile, q's part in registers);
 only the logits are summed across the warps, so there is one block barrier a tile and no warp
-re-reads q or another warp's records (the Triton kernel, whose warps split the entries, does both; benchmarks/RESULTS.md).
+re-reads q or another warp's records (the Triton kernel, whose warps split the entries, does
+both; benchmarks/RESULTS.md).
 Two more kernels take the same arguments: the wg build (`cuda_wgmma.cu`: wgmma over 64-entry
 tiles, producer and consumer warpgroups, blocks of 8 heads), measured and not chosen by the
 plan, and the wg64 build (`cuda_wg64.cu`: blocks of 64 bf16 heads on wgmma's M axis, each record
