@@ -6,10 +6,9 @@ call is CUDA-graph capturable (static grid, no host syncs):
 
 - on SM90 the CUDA kernel (`cuda_decode`: blocks of 8 or 16 heads, each warp a quarter of D,
   NVRTC-built at first use; the Triton path where it cannot be built) where `_cuda_variant`
-  says: up to 16 heads always (below 8 tokens its wide build: eight warps a block, each an
-  eighth of D; for fp32 q below 8 blocks of 8 heads), 17-32 heads in decode, above 32 heads
-  from 2 decode tokens (from 2 tokens above 16 heads the 64-head kernel `cuda_wg64.cu`);
-  otherwise:
+  says: below 8 (token, block of heads) pairs in decode its wide build (eight warps a block,
+  each an eighth of D), else up to 16 heads always, fp32 q at any head count, and above 16
+  bf16 heads in decode from 2 tokens the 64-head kernel `cuda_wg64.cu`; otherwise:
 - up to 16 heads: `triton_kernel` with 16 heads per program on M (mma.sync), tiles of 32,
   splits filling the GPU twice (from 32 tokens the next tile requested ahead);
 - 32 heads: the entries on M (SWAP), 8 warps, the next tile's records requested ahead;
@@ -55,9 +54,9 @@ LOG2E = 1.4426950408889634
 FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
 FLASHMLA_PRIVATE_MIN_TOKENS = 128  # from here to 1024: FlashMLA over per-entry workspace rows
 WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
-# decode with fewer (token, block of heads) pairs than this: the CUDA kernel's wide build (eight
-# warps a block; each block then has one or two tiles, so the chain of work per tile bounds
-# the time)
+# decode with fewer (token, block of heads) pairs than this, at any head count: the CUDA kernel's
+# wide build (eight warps a block; each block then has one to three tiles, so the chain of
+# work per tile bounds the time)
 WIDE_UNDER_BLOCKS = 8
 # fp32 q at D = 512 (the exact path, `_exact_variants`): under 8 programs of 16 heads, decode
 # and extend, T >= 1024 (benchmarks/RESULTS.md, "The served layer's exact path")
@@ -111,20 +110,21 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
 
 def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
     """The CUDA kernel's variant for T tokens x H heads where it was the fastest on the H200
-    (benchmarks/RESULTS.md), else None. Fewer than 8 (token, block of heads) pairs (blocks of 8
-    heads, of 16 at 9-16 bf16 heads; bf16 q up to 16 heads): the wide build (eight warps a
-    block, splits filling the GPU once). Up to 8 heads the slim build (four blocks per SM)
+    (benchmarks/RESULTS.md), else None. Decode with fewer than 8 (token, block of heads) pairs
+    (blocks of 8 heads up to 8 bf16 heads and for fp32 q, else of 16): the wide build (eight
+    warps a block, splits filling the GPU once), e.g. below 8 tokens at up to 16 bf16 heads,
+    one to three tokens at 32, one at 64. Up to 8 heads the slim build (four blocks per SM)
     from 128 tokens, in prefill the build with two warps a block (five blocks per SM, four
-    with fp32 q); above, tiles of 32 ("cuda32_x2": two blocks per SM) for
-    large decode batches and tiles of 16 (three blocks per SM, the records read from L2) in
-    prefill; tiles of 16 in grids of 2 or 3 blocks per SM for small batches. Above 16 heads
-    (8 for fp32 q) each block of heads re-reads the records: bf16 q at 17-32 heads at one
-    token; fp32 q at any head count (the Triton exact path is slower still), the half build
-    from 128 tokens. Above 16 bf16 heads from 2 tokens in decode the 64-head warpgroup kernel
-    (blocks of 64 heads, 32 padded: each record dequantized once a token)."""
+    with fp32 q); above, tiles of 32 ("cuda32_x2": two blocks per SM) for large decode
+    batches and tiles of 16 (three blocks per SM, the records read from L2) in prefill; tiles
+    of 16 in grids of 2 or 3 blocks per SM for small batches. fp32 q at any head count in
+    blocks of 8 heads, each re-reading the records (the Triton exact path is slower still), the
+    half build from 128 tokens. Above 16 bf16 heads in decode past the wide build the 64-head
+    warpgroup kernel (blocks of 64 heads, 32 padded: each record dequantized once a token)."""
+    from sglang_dsv41.kernels.sparse_attn.cuda_decode import group_heads
+
     prefill = T >= WORKSPACE_MIN_TOKENS
-    blocks = T * triton.cdiv(H, 8 if exact or H <= 8 else 16)
-    if blocks < WIDE_UNDER_BLOCKS and (exact or H <= 16):
+    if not prefill and T * triton.cdiv(H, group_heads(H, exact)) < WIDE_UNDER_BLOCKS:
         return "cuda_wide_x1"
     if H <= 8:
         if prefill:
@@ -140,7 +140,7 @@ def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
         return "cuda_x2" if 32 <= T < 128 else "cuda32_x2"
     if 2 <= T and not prefill:  # 17-64 heads (and blocks of 64 above)
         return "cuda_wg64_x1"
-    return "cuda_x2" if H <= 32 and not prefill else None
+    return None
 
 
 def _cuda_ok(device: torch.device) -> bool:

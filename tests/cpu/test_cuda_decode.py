@@ -242,8 +242,10 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
             256: "cuda32_x2",
             4096: "cuda_x3",
         },
-        32: {1: "cuda_x2", 2: "cuda_wg64_x1", 256: "cuda_wg64_x1", 1024: "triton"},
-        64: {1: "triton", 2: "cuda_wg64_x1", 1023: "cuda_wg64_x1", 4096: "triton"},
+        24: {1: "cuda_wide_x1", 3: "cuda_wide_x1", 4: "cuda_wg64_x1"},
+        32: {1: "cuda_wide_x1", 3: "cuda_wide_x1", 4: "cuda_wg64_x1", 1024: "triton"},
+        48: {2: "cuda_wide_x1", 3: "cuda_wg64_x1"},
+        64: {1: "cuda_wide_x1", 2: "cuda_wg64_x1", 1023: "cuda_wg64_x1", 4096: "triton"},
         128: {1: "triton", 2: "cuda_wg64_x1", 4096: "triton"},
     }
     for H, cases in want.items():

@@ -402,9 +402,10 @@ def test_cuda_kernel_segment_lengths(W, TOPK, build):
 
 
 def test_cuda_kernel_graph_capture_and_default_plan():
-    """The default plan takes the CUDA kernel at up to 16 heads from one token (below 8 tokens
-    its wide build), for fp32 q at any head count (`_cuda_variant`); it replays from a CUDA
-    graph; arguments it cannot take (a cache off a 16-byte boundary) go to Triton."""
+    """The default plan takes the CUDA kernel at up to 16 heads from one token, for fp32 q at any
+    head count, and its wide build below 8 (token, block of heads) pairs (`_cuda_variant`); it
+    replays from a CUDA graph; arguments it cannot take (a cache off a 16-byte boundary) go to
+    Triton."""
     _cuda_or_skip()
     assert tri.plan_for(64, 8, 512, DEV, False).cuda and tri.plan_for(300, 16, 512, DEV, False).cuda
     assert tri.plan_for(1, 8, 512, DEV, False).wide and tri.plan_for(7, 16, 512, DEV, False).wide
@@ -412,12 +413,14 @@ def test_cuda_kernel_graph_capture_and_default_plan():
     assert tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q at 8 heads: the exact mode
     assert tri.plan_for(64, 64, 512, DEV, True).cuda  # and at 64, in blocks of 8 heads
     assert tri.plan_for(8, 64, 512, DEV, False).wg64  # bf16 q at 64 heads: the 64-head kernel
-    assert tri.plan_for(1, 32, 512, DEV, False).cuda  # 32 heads at one token: blocks of 16
-    assert tri.plan_for(2, 32, 512, DEV, False).wg64  # from 2 tokens: the 64-head kernel
-    assert not tri.plan_for(1, 64, 512, DEV, False).cuda
+    assert tri.plan_for(1, 32, 512, DEV, False).wide  # below 8 blocks of 16 heads: wide
+    assert tri.plan_for(4, 32, 512, DEV, False).wg64  # from 8: the 64-head kernel
+    assert tri.plan_for(1, 64, 512, DEV, False).wide
+    assert not tri.plan_for(1, 128, 512, DEV, False).cuda
     assert tri.plan_for(200, 16, 512, DEV, False).block_n == 32  # tiles of 32 from 128 tokens
     assert tri.plan_for(1100, 8, 512, DEV, False).half  # prefill at up to 8 heads
-    for T, H in ((64, 8), (200, 16), (8, 64), (1100, 8), (40, 64), (16, 64), (50, 32), (3, 16)):
+    for T, H in ((64, 8), (200, 16), (8, 64), (1100, 8), (40, 64), (16, 64), (50, 32), (3, 16),
+                 (1, 64)):  # fmt: skip
         q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, Layout.V41_FP4)
         skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
         out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=DEV)
