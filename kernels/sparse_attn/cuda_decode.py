@@ -105,7 +105,7 @@ def smem_bytes(defines: tuple = ()) -> int:
     kbuf = _option(defines, "KBUF", 2 if bn == 16 else 1)
     stages = _option(defines, "STAGES", 3)
     et, dq = bn // 16, D // nw
-    raw = dq // 32 * 512 + 32 * {8: 4, 4: 8, 2: 16}[nw]
+    raw = dq // 32 * 512 + 32 * (32 // nw)  # a lane's scale bytes: 32 / NW
     red = 2 * (et if nh == 1 else 2 * et) * 512  # two buffers of RED_N float4 per lane
     return nw * (kbuf * bn * (2 * dq + 16) + red + stages * et * raw)
 
@@ -136,32 +136,22 @@ def defines_for(
     the warpgroup kernel (cuda_wgmma.cu, tiles of 64, one block per SM; two producer
     warpgroups with bf16 q, one with fp32 q); `wg64`: the 64-head warpgroup kernel
     (cuda_wg64.cu: bf16 q, blocks of 64 heads, tiles of 64, one block per SM)."""
+    flags = {"slim": slim, "half": half, "wg": wg, "wg64": wg64, "wide": wide}
+    builds = [name for name, on in flags.items() if on]
+    if len(builds) > 1:
+        raise ValueError(f"the CUDA kernel takes one build at a time, not {' and '.join(builds)}")
     if wg64:
-        if exact or slim or half or wg or wide:
-            raise ValueError(
-                "the wg64 build takes bf16 q and neither slim, half, wg nor wide (exact = "
-                f"{exact}, slim = {slim}, half = {half}, wg = {wg}, wide = {wide})"
-            )
+        if exact:
+            raise ValueError("the wg64 build takes bf16 q, not fp32")
         return ("-DWG64=1", "-DBN=64")
-    if block_n not in STAGES or ((slim or half or wg or wide) and block_n != BN):
+    if block_n not in STAGES or (builds and block_n != BN):
         raise ValueError(
             f"the CUDA kernel takes tiles of {sorted(STAGES)} entries (slim, half, wg, wide: "
             f"{BN}), not {block_n}"
         )
-    if wide and (slim or half or wg):
-        raise ValueError(
-            f"the wide build is neither slim, half nor wg (slim = {slim}, half = {half}, wg = {wg})"
-        )
     nh = group_heads(H, exact) // 8
-    if half and (slim or nh != 1):
-        raise ValueError(
-            f"the half build takes blocks of 8 heads and not slim (H = {H}, slim = {slim})"
-        )
-    if wg and (slim or half or nh != 1):
-        raise ValueError(
-            f"the wg build takes blocks of 8 heads, neither slim nor half (H = {H}, slim = "
-            f"{slim}, half = {half})"
-        )
+    if (half or wg) and nh != 1:
+        raise ValueError(f"the {builds[0]} build takes blocks of 8 heads (H = {H}, bf16 q)")
     d = ("-DEXACT=1",) if exact else ()
     d += (f"-DNH={nh}",)
     if block_n != BN:
