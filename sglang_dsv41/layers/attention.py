@@ -8,6 +8,13 @@ projection. The role-specific parts are attached from the config lists (docs/des
 Reuse layers have neither; SWA-only layers (ratio 0) have no global branch at all.
 The cache-free math lives here; how keys are gathered (whole sequence or paged cache) is the
 caller's business.
+
+`attn_dtype` is the dtype the sparse attention reads its queries and writes its output in: None
+(the default) keeps them in the compute dtype (fp32: the exact path); torch.bfloat16 rounds q on
+the way in and o on the way out, as SGLang's V4 attention (FlashMLA) does. The serving option
+`SGLANG_DSV41_ATTN_DTYPE` (sglang/options.py) sets it on a served model, `set_attention_dtype` on
+any model (the oracle's switch, so that a bf16 server is compared with an oracle that rounds the
+same way).
 """
 
 import torch
@@ -23,6 +30,8 @@ from sglang_dsv41.layers.rope import apply_rope, rope_inv_freq
 
 
 class MqaAttentionBase(nn.Module):
+    attn_dtype: torch.dtype | None = None
+
     def __init__(self, cfg, layer: int):
         super().__init__()
         self.cfg, self.layer_id = cfg, layer
@@ -56,6 +65,14 @@ class MqaAttentionBase(nn.Module):
         q = self.wq_b(q_lora).to(self.compute_dtype).view(-1, self.n_heads, self.head_dim)
         return apply_rope(q, pos, self.inv_freq), q_lora
 
+    def attention_in(self, q: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D] as the sparse attention reads it: unchanged, or in attn_dtype."""
+        return q if self.attn_dtype is None else q.to(self.attn_dtype)
+
+    def attention_out(self, o: torch.Tensor) -> torch.Tensor:
+        """o [T, H, D] as the sparse attention writes it: unchanged, or rounded to attn_dtype."""
+        return o if self.attn_dtype is None else o.to(self.attn_dtype)
+
     def swa_kv(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x [T, hidden], pos [T] -> SWA key/value fp32 [T, D] before V41 quantization."""
         kv = self.kv_norm(self.wkv(x)).float()
@@ -73,3 +90,18 @@ class MqaAttentionBase(nn.Module):
         wa = self.wo_a.weight.view(G, R, -1)  # [G, R, H*D/G]
         z = torch.cat([stable_linear(og[:, g], wa[g]) for g in range(G)], dim=1)  # [T, G*R]
         return self.wo_b(z)
+
+
+ATTN_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+"""The attention I/O modes by name: fp32 = the compute dtype (exact), bf16 = rounded."""
+
+
+def set_attention_dtype(model: nn.Module, dtype: torch.dtype | None) -> int:
+    """Set attn_dtype on every attention layer of `model` (None turns rounding off); returns how
+    many layers it set."""
+    if dtype not in ATTN_DTYPES.values():
+        raise ValueError(f"attention dtype {dtype}: one of {list(ATTN_DTYPES.values())}")
+    layers = [m for m in model.modules() if isinstance(m, MqaAttentionBase)]
+    for m in layers:
+        m.attn_dtype = dtype
+    return len(layers)

@@ -104,5 +104,6 @@ def attention_layer(
             if main.shape[0]
             else kv.new_zeros(T, topk.shape[1], cfg.head_dim)
         )
+    q = attn.attention_in(q)  # the attention's I/O dtype (MqaAttentionBase.attn_dtype)
     o = sparse_attention(q, k_swa, swa_ok, k_top, top_ok, attn.attn_sink, attn.scale)
-    return attn.output(o, pos)
+    return attn.output(attn.attention_out(o), pos)

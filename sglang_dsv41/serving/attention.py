@@ -108,7 +108,8 @@ def topk_decoded(attn, kv: torch.Tensor, top: torch.Tensor, ctx: BatchContext):
 def attend(attn, q, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
     """Sparse attention of q fp32 [T, H, D] over the SWA window `swa` = write_swa's (cache,
     slots) and, for compressed layers, the top-k entries of the layer's index source in its kv
-    source, plus the sink: o fp32 [T, H, D] (fp64 for fp64 q: the twin check)."""
+    source, plus the sink: o [T, H, D] in q's dtype (fp32; fp64 for fp64 q: the twin check), or
+    q and o in the layer's attn_dtype when it has one (bf16: the kernels' bf16 path)."""
     cfg, i = attn.cfg, attn.layer_id
     kv = top = decoded = None
     if attn.ratio != 0:
@@ -117,11 +118,11 @@ def attend(attn, q, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
         top = topk_slots(cfg, isrc, rows, ctx, pool)
         decoded = topk_decoded(attn, kv, top, ctx)
     return sparse_attention(
-        q,
+        attn.attention_in(q),
         SparseKV(swa[0], swa[1], kv, top, cfg.main_kv_layout, decoded),
         attn.attn_sink,
         attn.scale,
-        out_dtype=compute_dtype(q),
+        out_dtype=attn.attn_dtype or compute_dtype(q),
     )
 
 

@@ -6,10 +6,12 @@ The cached attention path (`serving.attention.attention_layer`) reads from its `
     compressor.project(x) -> (c, z), compressor.pool(cg, zg)   (Full layers)
     indexer.queries(q_lora, x, pos, inv_freq) -> (qI, w), indexer.wk, indexer.k_norm
     output(o, pos) -> [T, hidden]
+    attn_dtype, attention_in(q)   the sparse attention's I/O dtype (None = fp32, or bf16)
 `AttentionView` presents exactly that, with the formulas taken from `layers/` unchanged (its
-methods *are* `MqaAttentionBase.query/swa_kv/main_kv/output`, `Compressor.project/pool`,
-`Indexer.queries/keys`), over projections that are any callables `x -> x W^T`: a dense weight
-here (`Dense`), SGLang's quantized parallel linears in `sglang/intree_adapter.py`.
+methods *are* `MqaAttentionBase.query/attention_in/swa_kv/main_kv/output`,
+`Compressor.project/pool`, `Indexer.queries/keys`), over projections that are any callables
+`x -> x W^T`: a dense weight here (`Dense`), SGLang's quantized parallel linears in
+`sglang/intree_adapter.py`.
 
 Tensor parallelism by heads (`local_heads`): rank r of `tp` owns heads `head_slice(H, tp, r)`
 (H / tp consecutive heads, their sink logits and their wq_b rows) and output groups
@@ -83,6 +85,7 @@ class AttentionView:
 
     compute_dtype = torch.float32  # the float64 twin check runs the torch model, not a view
     query = MqaAttentionBase.query
+    attention_in = MqaAttentionBase.attention_in
     swa_kv = MqaAttentionBase.swa_kv
     main_kv = MqaAttentionBase.main_kv
     output = MqaAttentionBase.output
@@ -105,8 +108,10 @@ class AttentionView:
         inv_freq: torch.Tensor,
         compressor: CompressorView | None = None,
         indexer: IndexerView | None = None,
+        attn_dtype: torch.dtype | None = None,
     ):
         self.cfg, self.layer_id = cfg, layer
+        self.attn_dtype = attn_dtype
         self.role, self.ratio = cfg.role(layer), cfg.ratio(layer)
         self.n_heads, self.head_dim = n_heads, cfg.head_dim
         self.o_groups, self.o_lora_rank = o_groups, cfg.o_lora_rank
@@ -183,4 +188,5 @@ def local_heads(attn: MqaAttentionBase, tp: int, rank: int, reduce=None) -> Atte
         indexer=None
         if ix is None
         else IndexerView(cfg, ix.wq_b, ix.weights_proj, ix.wk, ix.k_norm),
+        attn_dtype=attn.attn_dtype,
     )

@@ -98,7 +98,8 @@ def adapt(layer, cfg, dense: bool = False) -> AttentionView:
     """AttentionView over in-tree `layer` (an MQALayer built from cfg; see the module docstring).
 
     The layer's attention-TP rank and size pick its heads and output groups; KV, compressor and
-    indexer are replicated. dense=True: fp32 dequantized projections (CPU checks).
+    indexer are replicated; the layer's `attn_dtype` (DSV41CudaAttention: the served option) is
+    the view's. dense=True: fp32 dequantized projections (CPU checks).
     """
     i, eps = layer.layer_id, cfg.rms_norm_eps
     lin = _dense if dense else InTreeLinear
@@ -163,4 +164,5 @@ def adapt(layer, cfg, dense: bool = False) -> AttentionView:
         inv_freq=rope_inv_freq(cfg, cfg.ratio(i)).to(dev),
         compressor=comp,
         indexer=ix,
+        attn_dtype=getattr(layer, "attn_dtype", None),
     )

@@ -4,7 +4,8 @@ Derived from the in-tree `MQALayer` (itself an `MqaAttentionBase`), whose constr
 weights with SGLang's quantized, tensor-parallel linears (wq_b and wo_a column-parallel, wo_b
 row-parallel, KV / compressor / indexer replicated). Only `forward` is replaced: it runs the
 served cached path (`serving.attention.attention_layer`, the same path as on CPU) through an adapter
-over this layer's modules (`intree_adapter.adapt`), reading the batch from the `dsv41` backend:
+over this layer's modules (`intree_adapter.adapt`; its sparse attention's queries and output in
+`attn_dtype`, the served option), reading the batch from the `dsv41` backend:
 
     rows, ctx     forward_batch.dsv41_context (BatchContext), or the replay tail's rows while
                   the backend is inside the late-layer tail (`replay_tail.LateLayerTailMixin`)
@@ -32,9 +33,9 @@ from sglang_dsv41.serving.intree_adapter import WoB, adapt
 class DSV41CudaAttention(MQALayer):
     served_by = "sglang_dsv41"
 
-    def __init__(self, *args, dsv41_cfg, **kwargs):
+    def __init__(self, *args, dsv41_cfg, attn_dtype=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.dsv41_cfg = dsv41_cfg
+        self.dsv41_cfg, self.attn_dtype = dsv41_cfg, attn_dtype
         self.freqs_cis = self.freqs_cis[:0].clone()  # a view would keep the table alive
         self._view = None
 

@@ -31,27 +31,28 @@ from sglang.srt.runtime_context import get_exec
 from sglang_dsv41.config import ConfigError
 from sglang_dsv41.sglang.cuda_attention import DSV41CudaAttention
 from sglang_dsv41.sglang.intree_config import intree_config, intree_quant_config
-from sglang_dsv41.sglang.options import ServingOptions, register_served
+from sglang_dsv41.sglang.options import ATTN_DTYPE_ENV, ServingOptions, register_served
 
 logger = logging.getLogger(__name__)
 
 
-def decoder_layer_class(base, cfg):
-    """`base` (SGLang's decoder-layer class) whose attention is DSV41CudaAttention for `cfg`."""
+def decoder_layer_class(base, cfg, attn_dtype=None):
+    """`base` (SGLang's decoder-layer class) whose attention is DSV41CudaAttention for `cfg`,
+    its sparse attention's I/O in `attn_dtype` (None = fp32)."""
 
     def _build_self_attn(self, **kwargs):
-        return DSV41CudaAttention(dsv41_cfg=cfg, **kwargs)
+        return DSV41CudaAttention(dsv41_cfg=cfg, attn_dtype=attn_dtype, **kwargs)
 
     return type("DSV41DecoderLayer", (base,), {"_build_self_attn": _build_self_attn})
 
 
 @contextmanager
-def build_scope(cfg, replay: bool):
+def build_scope(cfg, options: ServingOptions):
     """While the in-tree model builds: our decoder-layer class and the replay flag."""
     base = intree.DeepseekV4DecoderLayer
-    intree.DeepseekV4DecoderLayer = decoder_layer_class(base, cfg)
+    intree.DeepseekV4DecoderLayer = decoder_layer_class(base, cfg, options.attn_dtype)
     try:
-        with get_exec().features.override(enable_decoder_swa_bounded_replay=replay):
+        with get_exec().features.override(enable_decoder_swa_bounded_replay=options.replay):
             yield
     finally:
         intree.DeepseekV4DecoderLayer = base
@@ -78,18 +79,21 @@ class DeepseekV41ForCausalLM(intree.DeepseekV4ForCausalLM):
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         cfg = config.dsv41()
-        options = ServingOptions.from_server(cfg)
+        options = ServingOptions.from_server(cfg, attn_default="bf16")
         replay = options.replay
         if replay:
             check_replay_geometry(cfg)
-        with build_scope(cfg, replay):
+        with build_scope(cfg, options):
             super().__init__(intree_config(cfg), intree_quant_config(cfg), prefix)
         self.dsv41_cfg, self.dsv41_hf_config, self.options = cfg, config, options
         register_served(options)
         self.model.decoder_replay_tail = None
         logger.info(
             "sglang_dsv41: in-tree DeepseekV4 skeleton with dsv41 attention, roles %s, "
-            "decoder SWA bounded replay %s",
+            "decoder SWA bounded replay %s, attention queries and output %s (%s=fp32 for the "
+            "exact path)",
             cfg.roles(),
             "on" if replay else "off",
+            options.attn_mode,
+            ATTN_DTYPE_ENV,
         )

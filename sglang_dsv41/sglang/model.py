@@ -16,6 +16,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.forward_context import get_attn_backend
 from torch import nn
 
+from sglang_dsv41.layers.attention import set_attention_dtype
 from sglang_dsv41.layers.block import Block
 from sglang_dsv41.layers.engram import build_engram_hasher
 from sglang_dsv41.layers.norm import RMSNorm
@@ -43,11 +44,14 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.engram_hasher = None  # built from the checkpoint's tokenizer in load_weights
         self.logits_processor = LogitsProcessor(config)
         self.options = ServingOptions.from_server(cfg)
+        set_attention_dtype(self, self.options.attn_dtype)
         register_served(self.options)
         logger.info(
-            "sglang_dsv41: DeepseekV41ForCausalLM, roles %s, decoder SWA bounded replay %s",
+            "sglang_dsv41: DeepseekV41ForCausalLM, roles %s, decoder SWA bounded replay %s, "
+            "attention queries and output %s",
             cfg.roles(),
             "on" if self.options.replay else "off",
+            self.options.attn_mode,
         )
 
     def load_weights(self, weights):

@@ -3,6 +3,11 @@
     replay   decoder SWA bounded replay (server flag --enable-decoder-swa-bounded-replay, default
              on; --no-enable-decoder-swa-bounded-replay turns it off), where the config supports
              it (every kv source at or before the first decoder layer, docs/design.md 2.5)
+    attn_dtype   the sparse attention's queries and output (`MqaAttentionBase.attn_dtype`):
+             environment variable SGLANG_DSV41_ATTN_DTYPE = fp32 (None: the exact path) or
+             bf16 (the bf16 kernels, as SGLang's V4 attention); unset, the model's default:
+             bf16 for the in-tree CUDA model (released checkpoints on GPUs), fp32 for the
+             pure-torch model (CPU serving, the oracle's twin)
 
 The model builds its options and hands them to the pool and backend. SGLang's scheduler hooks
 (the radix-match cap on a `Req`) run in the same process but see only the request, so the
@@ -11,19 +16,32 @@ model also registers its options here; that registration is the only module-leve
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import torch
+
 from sglang_dsv41.config import DeepseekV41Config
+from sglang_dsv41.layers.attention import ATTN_DTYPES
+
+ATTN_DTYPE_ENV = "SGLANG_DSV41_ATTN_DTYPE"
 
 
 @dataclass(frozen=True)
 class ServingOptions:
     cfg: DeepseekV41Config
     replay: bool
+    attn_dtype: torch.dtype | None = None
 
     @classmethod
-    def from_server(cls, cfg: DeepseekV41Config) -> ServingOptions:
-        return cls(cfg, replay_flag() and replay_supported(cfg))
+    def from_server(cls, cfg: DeepseekV41Config, attn_default: str = "fp32") -> ServingOptions:
+        """attn_default: the model's attention I/O mode when the environment names none."""
+        return cls(cfg, replay_flag() and replay_supported(cfg), attn_dtype(attn_default))
+
+    @property
+    def attn_mode(self) -> str:
+        """attn_dtype by name (fp32 / bf16)."""
+        return next(k for k, v in ATTN_DTYPES.items() if v == self.attn_dtype)
 
     def replay_floor(self, prompt_len: int, wants_prompt_logprobs: bool = False) -> int:
         """Decoder SWA floor of a request: max(0, prompt - window) with replay, else 0.
@@ -50,6 +68,17 @@ def replay_flag() -> bool:
     except Exception:  # no runtime context (unit tests): the default
         value = None
     return value is not False
+
+
+def attn_dtype(default: str = "fp32", env=os.environ) -> torch.dtype | None:
+    """The attention I/O dtype SGLANG_DSV41_ATTN_DTYPE names (fp32 -> None, bf16), or the
+    default's when unset or empty; any other value is an error naming the variable."""
+    name = env.get(ATTN_DTYPE_ENV, "").strip().lower() or default
+    if name not in ATTN_DTYPES:
+        raise ValueError(
+            f"{ATTN_DTYPE_ENV}={env.get(ATTN_DTYPE_ENV)!r}: one of {', '.join(ATTN_DTYPES)}"
+        )
+    return ATTN_DTYPES[name]
 
 
 def replay_supported(cfg: DeepseekV41Config) -> bool:

@@ -7,17 +7,19 @@
      and expert widths of 256 (NODE_WIDTHS);
   2. the CPU oracle (`reference`, fp32, decoder replay as served) with the activation-
      quantization switch on (`reference.act_quant`: the inputs of the FP8 linears quantized the
-     way SGLang's FP8 linears quantize them) generates greedy tokens for fixed prompts of 1-131
-     tokens (flash-mini: window 16, top-k 8, candidate pool 6 blocks x 4), and records its
-     log-probabilities along its own trajectory;
+     way SGLang's FP8 linears quantize them) and the attention's queries and output rounded as
+     the server runs them (bf16 unless SGLANG_DSV41_ATTN_DTYPE=fp32; `set_attention_dtype`)
+     generates greedy tokens for fixed prompts of 1-131 tokens (flash-mini: window 16, top-k 8,
+     candidate pool 6 blocks x 4), and records its log-probabilities along its own trajectory;
   3. for each TP size the node has GPUs for: `python -m sglang.launch_server --model-path CKPT
      --tp N` (nothing else), checks the log says the in-tree CUDA skeleton served, sends the
      prompts to /generate (greedy, no logprobs: asking for them changes the replay floor);
   4. per prompt: equal, or diverged at a near-tie: at the first differing step the oracle
      prefers its token over the served one by at most TOL_NATS (0.25 nats). Anything else fails.
-The tolerance covers what the switch does not model: the served model runs in bf16 (weights and
-activations; the oracle in fp32), the attention kernels round queries to bf16, and the routed
-experts run on flashinfer's MXFP4 kernels. Prints per-prompt lines and one verdict line:
+The tolerance covers what the switches do not model: the served model runs in bf16 (weights and
+activations; the oracle in fp32), the attention kernels round their probabilities to bf16 and
+sum in another order, and the routed experts run on flashinfer's MXFP4 kernels. Prints
+per-prompt lines and one verdict line:
     gpu_node_check: PASS tp=1 6/6 (5 equal, 1 near-tie), tp=2 ...      or   ... FAIL ...
 Exit status 0 on PASS, 1 on FAIL, 2 when nothing could be served.
 """
@@ -52,16 +54,19 @@ def prompts(vocab: int, seed: int = 1234) -> list:
     return [[rng.randrange(2, vocab) for _ in range(n)] for n in PROMPT_LENS]
 
 
-def oracle(ckpt: str, ps: list, new: int) -> list:
-    """Per prompt: (greedy tokens, log-probs fp64 [new, vocab] along them), switch on."""
+def oracle(ckpt: str, ps: list, new: int, attn_dtype=None) -> list:
+    """Per prompt: (greedy tokens, log-probs fp64 [new, vocab] along them), switch on; the
+    attention's queries and output rounded to attn_dtype (the server's mode) when not None."""
     import torch
 
+    from sglang_dsv41.layers.attention import set_attention_dtype
     from sglang_dsv41.reference import load_reference
     from sglang_dsv41.reference.act_quant import quantize_fp8_linear_inputs
 
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     model = load_reference(ckpt, torch.float32)
     quantize_fp8_linear_inputs(model)
+    set_attention_dtype(model, attn_dtype)
     out = []
     for p in ps:
         floor = model.replay_floor_for(len(p), True)
@@ -167,13 +172,19 @@ def main(argv=None) -> int:
     missing = [tp for tp in sizes if tp > gpus]
     results = {}
     if len(missing) < len(sizes):
+        from sglang_dsv41.sglang import options
         from sglang_dsv41.tools.release_checkpoint import write_flash_mini
 
         ckpt = str(write_flash_mini(work / "flash-mini-256", force=True, widths=NODE_WIDTHS))
         cfg = json.loads((Path(ckpt) / "config.json").read_text())
         ps = prompts(cfg["text_config"]["vocab_size"])
-        print(f"checkpoint {ckpt}; oracle (CPU, fp32, activation quantization on) ...", flush=True)
-        ref = oracle(ckpt, ps, a.new)
+        mode = options.attn_dtype("bf16")  # the in-tree model's, as the server resolves it
+        print(
+            f"checkpoint {ckpt}; oracle (CPU, fp32, activation quantization on, attention "
+            f"queries and output {'fp32' if mode is None else 'bf16'}) ...",
+            flush=True,
+        )
+        ref = oracle(ckpt, ps, a.new, mode)
     for tp in sizes:
         if tp in missing:
             continue

@@ -29,6 +29,7 @@ from forward_state import same, snapshot  # noqa: E402
 from intree_cpu import build_cuda_model, init_sglang_cpu, load  # noqa: E402
 
 from sglang_dsv41.config import FULL, REINDEX, REUSE, SWA  # noqa: E402
+from sglang_dsv41.layers.attention import set_attention_dtype  # noqa: E402
 from sglang_dsv41.reference.model import ReferenceModel  # noqa: E402
 from sglang_dsv41.serving import attention as kp  # noqa: E402
 from sglang_dsv41.serving import layer_loop  # noqa: E402
@@ -79,6 +80,9 @@ def test_builds_with_our_attention_and_tail(built):
     import sglang.srt.models.deepseek_v4 as intree
 
     assert intree.DeepseekV4DecoderLayer.__name__ != "DSV41DecoderLayer"  # restored
+    # the in-tree model's attention I/O default: bf16, as SGLang's V4 attention
+    assert built.options.attn_dtype is torch.bfloat16
+    assert all(layer.self_attn.attn_dtype is torch.bfloat16 for layer in layers)
     for i in range(cfg.num_hidden_layers):
         a = layers[i].self_attn
         assert (a.compressor is not None) == (cfg.role(i) == FULL), i
@@ -144,6 +148,8 @@ class AdapterProbe:
 def test_adapter_equals_our_layers(built, ours, fused_compressor, monkeypatch):
     cfg = built.dsv41_cfg
     layers = built.model.layers
+    for layer in layers:  # fp32 attention I/O, as ours (the bf16 option: the protocol test)
+        monkeypatch.setattr(layer.self_attn, "attn_dtype", None)
     swapped = {}
     if fused_compressor:  # the SM100 layout: one wkv_gate [2D, hidden] (rows kv, then gate)
         from sglang.srt.layers.attention.dsv4.dsv41_sparse import DeepseekV41Compressor
@@ -240,11 +246,17 @@ class ProtocolProbe:
 
 
 @torch.no_grad()
-def test_forward_follows_the_in_tree_protocol(built, ours, monkeypatch):
+@pytest.mark.parametrize("attn_dtype", [None, torch.bfloat16])
+def test_forward_follows_the_in_tree_protocol(built, ours, monkeypatch, attn_dtype):
+    """attn_dtype: the served option on the in-tree layers (their views take it) and the same
+    switch on ours; bf16 rounds q and o on both sides, so the outputs stay equal bit for bit."""
     cfg = built.dsv41_cfg
     layers = built.model.layers
     for layer in layers:
+        monkeypatch.setattr(layer.self_attn, "attn_dtype", attn_dtype)
         layer.self_attn._view = adapt(layer.self_attn, cfg, dense=True)
+        assert layer.self_attn._view.attn_dtype is attn_dtype
+    assert set_attention_dtype(ours, attn_dtype) == cfg.num_hidden_layers
     try:
         probe = ProtocolProbe(layers, cfg, monkeypatch)
         monkeypatch.setattr(layer_loop, "attention_layer", probe)
@@ -253,6 +265,7 @@ def test_forward_follows_the_in_tree_protocol(built, ours, monkeypatch):
         eng = ToyEngine(ours, replay=True, seed=4)
         serve(eng, ps, 2, chunk=17, floors=[max(0, len(p) - W) for p in ps])
     finally:
+        set_attention_dtype(ours, None)
         for layer in layers:
             layer.self_attn._view = None
     assert probe.calls > 3 * cfg.num_hidden_layers and probe.tails >= 3

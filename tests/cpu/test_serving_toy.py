@@ -15,6 +15,7 @@ import torch
 sys.modules.setdefault("sglang", None)  # the pieces under test must not need SGLang
 
 from sglang_dsv41.config import preset  # noqa: E402
+from sglang_dsv41.layers.attention import set_attention_dtype  # noqa: E402
 from sglang_dsv41.reference.model import ReferenceModel  # noqa: E402
 from sglang_dsv41.serving.toy import ToyEngine, prompts, serve, toy_model  # noqa: E402
 
@@ -81,13 +82,17 @@ def test_fp8_main_kv_records():
 
 
 @torch.no_grad()
-def test_batched_logits_bitwise_equal_to_reference(model):
+@pytest.mark.parametrize("attn_dtype", [None, torch.bfloat16])
+def test_batched_logits_bitwise_equal_to_reference(model, attn_dtype):
     """Six requests prefilled and decoded together: every row's logits equal the oracle's
     full-sequence logits bit for bit. Decode multiplies a handful of rows while the oracle
     multiplies whole sequences; without the row-stable products of layers/linear.py the rows
-    differ by ~1e-6 (every one of them, measured), enough to flip an FP4 bucket or a near-tie."""
+    differ by ~1e-6 (every one of them, measured), enough to flip an FP4 bucket or a near-tie.
+    attn_dtype bf16: the served option and the oracle's switch (one model serves as both), q and
+    o rounded on both sides."""
     old = torch.get_num_threads()
     torch.set_num_threads(2)  # two threads: more row counts take a different CPU GEMM kernel
+    set_attention_dtype(model, attn_dtype)
     try:
         ps = _prompts([7, 30, 61, 90, 130, 17], seed=21)
         eng = ToyEngine(model)
@@ -102,3 +107,26 @@ def test_batched_logits_bitwise_equal_to_reference(model):
             logits = eng.step([(r, [t]) for r, t in enumerate(nxt, start=1)])
     finally:
         torch.set_num_threads(old)
+        set_attention_dtype(model, None)
+
+
+@torch.no_grad()
+def test_attention_dtype_switch_rounds_q_and_o(model):
+    """The bf16 switch changes the oracle's logits (so the test above compares two different
+    models): the attention reads q and writes o in bf16; off again, the logits are the exact
+    path's."""
+    ids = torch.tensor(_prompts([40], seed=5)[0])
+    exact = model(ids)
+    attn = model.layers[0].attn
+    x = torch.randn(5, model.cfg.hidden_size)
+    q, _ = attn.query(x, torch.arange(5))
+    assert q.dtype == torch.float32 and attn.attention_in(q) is q
+    set_attention_dtype(model, torch.bfloat16)
+    try:
+        rounded = model(ids)
+        assert attn.attention_in(q).dtype == torch.bfloat16
+        assert torch.equal(attn.attention_out(q), q.bfloat16())
+    finally:
+        set_attention_dtype(model, None)
+    assert not torch.equal(rounded, exact)
+    assert torch.equal(model(ids), exact)  # switched off again

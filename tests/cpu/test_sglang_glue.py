@@ -138,3 +138,19 @@ def test_serve_command(monkeypatch, tmp_path):
     assert cmd[-3:] == ["--device", "cpu", "--sleep-on-idle"]
     cmd = serve.build_command(["--model-path", "X", "--device", "cuda"])
     assert "--sleep-on-idle" not in cmd and str(tmp_path) not in cmd
+
+
+def test_attention_dtype_option_from_environment():
+    """SGLANG_DSV41_ATTN_DTYPE: unset / empty -> the model's default, fp32 / bf16 (any case),
+    anything else an error naming the variable and the choices."""
+    from sglang_dsv41.sglang.options import ATTN_DTYPE_ENV, ServingOptions, attn_dtype
+
+    assert attn_dtype("fp32", {}) is None and attn_dtype("bf16", {}) is torch.bfloat16
+    assert attn_dtype("bf16", {ATTN_DTYPE_ENV: ""}) is torch.bfloat16
+    assert attn_dtype("bf16", {ATTN_DTYPE_ENV: "FP32"}) is None
+    assert attn_dtype("fp32", {ATTN_DTYPE_ENV: " bf16 "}) is torch.bfloat16
+    with pytest.raises(ValueError, match=f"{ATTN_DTYPE_ENV}='fp16': one of fp32, bf16"):
+        attn_dtype("fp32", {ATTN_DTYPE_ENV: "fp16"})
+    cfg = preset("tiny")
+    assert ServingOptions(cfg, False).attn_mode == "fp32"
+    assert ServingOptions(cfg, False, torch.bfloat16).attn_mode == "bf16"

@@ -24,12 +24,16 @@ def _model():
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("attn_dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("replay", [False, True])
-def test_graph_decode_equals_eager_bitwise(replay):
+def test_graph_decode_equals_eager_bitwise(replay, attn_dtype):
+    """attn_dtype: the attention's I/O option (bf16: the kernels' bf16 path)."""
+    from sglang_dsv41.layers.attention import set_attention_dtype
     from sglang_dsv41.serving.toy import ToyEngine, prompts
     from sglang_dsv41.serving.toy_graphs import GraphDecoder
 
     m = _model()
+    set_attention_dtype(m, attn_dtype)
     W = m.cfg.sliding_window
     eager = ToyEngine(m, device="cuda", replay=replay, max_requests=8, seed=1)
     graph = ToyEngine(m, device="cuda", replay=replay, max_requests=8, seed=1)

@@ -182,6 +182,7 @@ class Probe:
             self._ref(True)
             ob = kp.attend(attn, q, rows, ctx, pb, swa_b)
             self._ref(False)
+            oa, ob = oa.float(), ob.float()  # bf16 with the bf16 attention option
             err = float((oa - ob).norm() / ob.norm().clamp_min(1e-30))
             self.stats["attn_rel_err_max"] = max(self.stats["attn_rel_err_max"], err)
             self.stats["attend"] += 1
@@ -189,8 +190,11 @@ class Probe:
 
 
 @torch.no_grad()
-def test_kernels_equal_references_inside_serving(models, report, monkeypatch, case):
+@pytest.mark.parametrize("attn_dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kernels_equal_references_inside_serving(models, report, monkeypatch, case, attn_dtype):
+    """attn_dtype: the attention's I/O option, on the kernels and the references alike."""
     from sglang_dsv41.kernels.dispatch import Path, device_paths
+    from sglang_dsv41.layers.attention import set_attention_dtype
     from sglang_dsv41.serving.toy import ToyEngine, serve
 
     ref, dev_model = models
@@ -203,8 +207,13 @@ def test_kernels_equal_references_inside_serving(models, report, monkeypatch, ca
 
     ps, chunk, floors, _, ring = _case(ref, case)
     monkeypatch.setattr(layer_loop, "attention_layer", probe)
-    serve(ToyEngine(dev_model, device=dev, replay=ring), ps, 4, chunk=chunk, floors=floors)
-    report["probe_" + case] = {**probe.stats, "launches": dict(counts)}
+    set_attention_dtype(dev_model, attn_dtype)
+    try:
+        serve(ToyEngine(dev_model, device=dev, replay=ring), ps, 4, chunk=chunk, floors=floors)
+    finally:
+        set_attention_dtype(dev_model, None)
+    name = case if attn_dtype is None else case + "_bf16"
+    report["probe_" + name] = {**probe.stats, "launches": dict(counts)}
     print(case, probe.stats, counts)
     st = probe.stats
     assert st["compress"] and st["swa"] and st["attend"]
