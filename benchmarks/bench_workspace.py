@@ -5,13 +5,14 @@
 T = 4096 prefill tokens x (128-entry window + top-512) referencing one 16K-token prompt's
 records, inside caches of S1 SWA slots and S2 main-KV (V41_FP4) slots, from the benchmark's
 own prompt-sized caches up to a served pool's tens of millions of slots. For each size: the
-build with flags over the slot space (`build_workspace` below SORT_FACTOR) and with the
-referenced slots sorted (`_build_sorted`), graph-replay microseconds (`graph_timing.graph_us`),
-and whether the two give the same rows and values. The whole 64-head prefill call (FlashMLA
-route, where `flash_mla` imports) is timed with the default choice twice: as graph replays (the
-static bound: chunks of MAX_ROWS rows) and eagerly, as the server runs prefill (a large cache's
-workspace then sized to the referenced slots after one host sync): median of 20 calls timed
-with CUDA events, after 3 warm-up calls.
+build (`build_workspace`) at its static bound as graph replays (`graph_timing.graph_us`) and
+sized to the referenced slots (`exact_size`, one host sync) eagerly, and whether every valid
+entry of 64 sampled tokens reads its record's dequantized values (the torch reference's) and
+the exact-size workspace has one row per referenced slot. The whole 64-head prefill call
+(FlashMLA route, where `flash_mla` imports) is timed with the default choice twice: as graph
+replays (the static bound: chunks of MAX_ROWS rows) and eagerly, as the server runs prefill (a
+large cache's workspace then sized to the referenced slots after one host sync): median of 20
+calls timed with CUDA events, after 3 warm-up calls.
 """
 
 from __future__ import annotations
@@ -52,20 +53,40 @@ def case(s2: int, dev):
     return swa, sw.int(), kv, kv_at[pick].int()
 
 
+def correct(swa, sw, kv, tk, ws, rows) -> bool:
+    """Every valid entry of 64 sampled tokens reads its record's values (the torch reference's
+    dequantization) at its workspace row."""
+    from sglang_dsv41.kernels.sparse_attn.ref import gather_records
+
+    pick = torch.arange(0, T, T // 64, device=sw.device)
+    keys = torch.cat(
+        (
+            gather_records(swa, sw[pick], Layout.V41, D),
+            gather_records(kv, tk[pick], Layout.V41_FP4, D),
+        ),
+        dim=1,
+    )  # [64, N, D]
+    valid = torch.cat((sw[pick], tk[pick]), dim=1) >= 0
+    got = ws.float()[rows[pick, : W + TOPK].clamp(min=0).long()]
+    return bool(torch.equal(got[valid], keys[valid]))
+
+
 def measure(s2: int, dev) -> dict:
     swa, sw, kv, tk = case(s2, dev)
     row = dict(main_slots=s2, swa_slots=swa.shape[0], tokens=T, entries=W + TOPK)
-    built = {}
-    for name, factor in (("flags", 1 << 40), ("sorted", 0)):
-        tw.SORT_FACTOR = factor
-        row[f"{name}_us"] = graph_us(lambda: tw.build_workspace(swa, sw, kv, tk, True, D))
-        built[name] = tw.build_workspace(swa, sw, kv, tk, True, D)
-    tw.SORT_FACTOR = 8
-    (wf, rf), (wsort, rsort) = built["flags"], built["sorted"]
-    ok = rf >= 0
-    row["same_rows_and_values"] = bool(
-        torch.equal(rf, rsort) and torch.equal(wf[rf[ok].long()], wsort[rsort[ok].long()])
+    n_ref = int(torch.unique(sw).numel() + torch.unique(tk).numel())
+    if min(swa.shape[0] + kv.shape[0], T * (W + TOPK)) < tw.MAX_ROWS:
+        row["build_bound_us"] = graph_us(lambda: tw.build_workspace(swa, sw, kv, tk, True, D))
+        ws, rows = tw.build_workspace(swa, sw, kv, tk, True, D)
+        row["bound_correct"] = correct(swa, sw, kv, tk, ws, rows)
+        del ws, rows
+    row["build_exact_eager_us"] = eager_us(
+        lambda: tw.build_workspace(swa, sw, kv, tk, True, D, exact_size=True)
     )
+    ws, rows = tw.build_workspace(swa, sw, kv, tk, True, D, exact_size=True)
+    row["exact_rows"], row["referenced_slots"] = ws.shape[0] - 1, n_ref
+    row["exact_correct"] = correct(swa, sw, kv, tk, ws, rows) and ws.shape[0] == n_ref + 1
+    del ws, rows
     q = torch.randn(T, 64, D, device=dev, dtype=torch.bfloat16)
     sink = torch.randn(64, device=dev)
     skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)

@@ -2,23 +2,25 @@
 
 Prefill tokens share most of their entries (a window slides by one token; top-k lists overlap),
 so dequantizing per (token, entry) repeats the same work ~100 times over a 4K-token chunk. Here
-the referenced slots are compacted and dequantized once:
+the referenced slots are compacted and dequantized once, in one slot space c (SWA slots first,
+then the main-KV slots shifted by the SWA cache's size), with work O(T N) whatever the caches'
+size (a served pool holds tens of millions of slots):
 
-1. mark: flag[c] = 1 for every referenced slot, in one slot space c (SWA slots first, then the
-   main-KV slots shifted by the SWA cache's size);
-2. rank: row[c] = (number of flagged slots before c), a cumulative sum;
-3. dequantize: `dequant_rows_kernel` writes each flagged record's D values as bf16 at its row;
-4. remap: each token's entry list becomes workspace rows (-1 stays -1; a token that sees no entry
-   gets the workspace's last row, all zeros, so its output is 0 as the sink-only softmax gives).
+1. claim: every valid entry i = t N + j writes its index into mark[c] (mark: an uninitialized
+   int32 array over the slot space; the writes to one c race and one of them stays);
+2. owners: entry i owns slot c when mark[c] == i after that (one owner per referenced slot);
+   the owners are ranked by a cumulative sum over the T N entries: rank = the slot's row;
+3. remap: each entry's row is its owner's rank, rank[mark[c]] (-1 stays -1; a token that sees
+   no entry gets the workspace's last row, all zeros, so its output is 0 as the sink-only
+   softmax gives), lists padded to a multiple of 64; each owner names its slot at its row;
+4. dequantize: `dequant_pick_kernel` writes each row's record as D bf16 values.
 
-All steps run on device without host syncs (CUDA-graph capturable). Consumers: FlashMLA's sparse
-prefill (`triton_flashmla`) and the Triton kernel over BF16 rows (`triton.py`).
-
-Steps 1-2 walk the whole slot space (S1 + S2 flags and a cumulative sum over them, and step 3
-launches a program per 16 slots), which is cheap for the caches of one prompt but not for a
-served pool of tens of millions of slots; when the caches hold more than SORT_FACTOR x T N slots
-the referenced slots are sorted and ranked instead (`_build_sorted`: O(T N log) whatever the
-pool size) and `dequant_pick_kernel` dequantizes one row per unique slot.
+mark is read only where this call wrote it, so it needs no clearing. The rows come in the
+owners' order, which the race decides: the workspace's row order may differ between calls,
+the values each entry reads never do. Outside CUDA-graph capture the workspace can be sized to
+the referenced slots (one host sync, `workspaces`); inside, to the static bound min(slots, T N).
+All steps run on device; consumers: FlashMLA's sparse prefill (`triton_flashmla`) and the
+Triton kernel over BF16 rows (`triton.py`).
 
 Decode tokens share no entries (each request has its own window and top-k), so there
 `build_private_workspace` skips the compaction: entry j of token t is dequantized into row
@@ -34,7 +36,6 @@ import triton.language as tl
 from sglang_dsv41.kernels.sparse_attn.triton_records import deq, raw
 
 ROW_ALIGN = 64  # entry lists are padded to a multiple of 64 (FlashMLA walks blocks of 64)
-SORT_FACTOR = 8  # caches over 8 x the T N referenced entries: sort them instead of flagging
 MAX_ROWS = 1 << 18  # workspace rows per chunk of tokens: 256 MB of bf16 at D = 512
 
 
@@ -52,29 +53,61 @@ def token_chunks(swa_flat, swa_slots, kv_flat, topk_slots, private: bool = False
 
 
 @triton.jit
-def dequant_rows_kernel(
-    src_ptr,  # uint8 [S, RS] records
-    flag_ptr,  # int32 [S]: 1 = referenced
-    row_ptr,  # int32 [S]: workspace row of a referenced slot
-    ws_ptr,  # bf16 [R, D]
-    S,
-    D: tl.constexpr,
-    RS: tl.constexpr,
-    BS: tl.constexpr,
-    FMT: tl.constexpr,
-):
-    """ws[row[s]] = dequantized record s, for the flagged slots s of this program's BS slots."""
-    o_s = tl.program_id(0) * BS + tl.arange(0, BS)
-    m_s = o_s < S
-    flag = tl.load(flag_ptr + o_s, mask=m_s, other=0)
-    if tl.max(flag, 0) != 0:  # most blocks of a large cache hold no referenced slot
-        slot = tl.where(flag != 0, o_s, -1)
-        b_v, b_s = raw(src_ptr, RS, slot, D, FMT)
-        b_k = deq(b_v, b_s, D, BS, tl.float32, FMT)  # [BS, D], exact in bf16
-        row = tl.load(row_ptr + o_s, mask=m_s, other=0).to(tl.int64)
-        o_d = tl.arange(0, D)
-        p_ws = ws_ptr + row[:, None] * D + o_d[None, :]
-        tl.store(p_ws, b_k.to(ws_ptr.dtype.element_ty), mask=(slot >= 0)[:, None])
+def _entry_slots(swa_ptr, topk_ptr, t, o_j, W, TOPK, S1, S2):
+    """The slots c (int64; -1 = none, and for a slot outside its cache) of token t's entries
+    o_j in the joint slot space."""
+    t64 = t.to(tl.int64)
+    s_w = tl.load(swa_ptr + t64 * W + o_j, mask=o_j < W, other=-1)
+    o_k = o_j - W
+    m_k = (o_k >= 0) & (o_k < TOPK)
+    s_k = tl.load(topk_ptr + t64 * TOPK + o_k, mask=m_k, other=-1)
+    c = tl.where(o_j < W, tl.where(s_w < S1, s_w, -1), tl.where(s_k < S2, s_k, -1))
+    c = tl.where(c >= 0, c + tl.where(o_j < W, 0, S1), -1)
+    return c.to(tl.int64)
+
+
+@triton.jit
+def claim_kernel(swa_ptr, topk_ptr, mark_ptr, W, TOPK, S1, S2, N, BN: tl.constexpr):
+    """mark[c] = t N + j for every valid entry j of token t (racing writes: one stays)."""
+    t = tl.program_id(0)
+    o_j = tl.program_id(1) * BN + tl.arange(0, BN)
+    c = _entry_slots(swa_ptr, topk_ptr, t, o_j, W, TOPK, S1, S2)
+    i = t * N + o_j
+    tl.store(mark_ptr + c, i, mask=(o_j < N) & (c >= 0))
+
+
+@triton.jit
+def owner_kernel(swa_ptr, topk_ptr, mark_ptr, own_ptr, W, TOPK, S1, S2, N, BN: tl.constexpr):
+    """own[t N + j] = 1 where entry j of token t is its slot's owner (mark[c] holds it), else 0."""
+    t = tl.program_id(0)
+    o_j = tl.program_id(1) * BN + tl.arange(0, BN)
+    c = _entry_slots(swa_ptr, topk_ptr, t, o_j, W, TOPK, S1, S2)
+    i = t * N + o_j
+    m = (o_j < N) & (c >= 0)
+    owner = tl.load(mark_ptr + c, mask=m, other=-1)
+    tl.store(own_ptr + i, (m & (owner == i)).to(tl.int32), mask=o_j < N)
+
+
+@triton.jit
+def remap_kernel(
+    swa_ptr, topk_ptr, mark_ptr, rank_ptr, rows_ptr, swa_list_ptr, kv_list_ptr,
+    W, TOPK, S1, S2, N, n_pad, R, BN: tl.constexpr,
+):  # fmt: skip
+    """Token t's rows [n_pad]: rank[mark[c]] (inclusive ranks: minus 1) where valid, -1 else and
+    in the padding, R - 1 in column 0 when nothing is valid; each owner writes its slot into
+    swa_list / kv_list at its row (the one that holds it; both were filled with -1)."""
+    t = tl.program_id(0)
+    o_j = tl.arange(0, BN)
+    c = _entry_slots(swa_ptr, topk_ptr, t, o_j, W, TOPK, S1, S2)
+    m = (o_j < N) & (c >= 0)
+    owner = tl.load(mark_ptr + c, mask=m, other=0)
+    row = tl.load(rank_ptr + owner, mask=m, other=0) - 1
+    rows = tl.where(m, row, -1)
+    rows = tl.where((o_j == 0) & (tl.max(m.to(tl.int32), 0) == 0), R - 1, rows)
+    tl.store(rows_ptr + t.to(tl.int64) * n_pad + o_j, rows, mask=o_j < n_pad)
+    mine = m & (owner == t * N + o_j)
+    tl.store(swa_list_ptr + row, c.to(tl.int32), mask=mine & (c < S1))
+    tl.store(kv_list_ptr + row, (c - S1).to(tl.int32), mask=mine & (c >= S1))
 
 
 @triton.jit
@@ -135,21 +168,15 @@ def workspaces(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int, p
     """Yield (t0, t1, ws, rows): the workspace (`build_workspace`, or `build_private_workspace`
     when private) of tokens t0 .. t1 - 1, in chunks of at most MAX_ROWS rows (`token_chunks`,
     from the static bound min(cache slots, T N)). Outside CUDA-graph capture, when that bound
-    needs several chunks or the caches are large enough for the sorted compaction, all T tokens
-    are first tried at once, sized to the slots they reference (one host sync): a prefill chunk
-    of a served pool references far fewer slots than T N, and each chunk costs its own launches
-    (eager prefill at 1 M main-KV slots: 8.7 ms in 11 chunks, benchmarks/RESULTS.md)."""
-    T, W = swa_slots.shape
-    TOPK = topk_slots.shape[1]
-    S1 = swa_flat.shape[0] if W else 0
-    S2 = kv_flat.shape[0] if TOPK else 0
+    needs several chunks, all T tokens are first tried at once, sized to the slots they
+    reference (one host sync): a prefill chunk of a served pool references far fewer slots than
+    T N, and each chunk costs its own launches (eager prefill at 1 M main-KV slots: 8.7 ms in 11
+    chunks, benchmarks/RESULTS.md)."""
+    T = swa_slots.shape[0]
     capturing = swa_slots.is_cuda and torch.cuda.is_current_stream_capturing()
     chunks = token_chunks(swa_flat, swa_slots, kv_flat, topk_slots, private)
-    big = S1 + S2 > SORT_FACTOR * T * (W + TOPK)
-    if not private and not capturing and T and (big or len(chunks) > 1):
-        c = torch.cat((swa_slots, torch.where(topk_slots >= 0, topk_slots + S1, -1)), dim=1)
-        n_pad = triton.cdiv(W + TOPK, ROW_ALIGN) * ROW_ALIGN
-        one = _build_sorted(swa_flat, kv_flat, c, c >= 0, S1, S2, kv_fp4, D, n_pad, True)
+    if not private and not capturing and T and len(chunks) > 1:
+        one = build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, D, True)
         if one is not None:
             yield 0, T, *one
             return
@@ -173,13 +200,17 @@ def build_private_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bo
     return ws, _rows((swa_list >= 0) | (kv_list >= 0), row, n_pad, T * N + 1)
 
 
-def build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int):
+def build_workspace(
+    swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int, exact_size: bool = False
+):
     """(ws bf16 [R, D], rows int32 [T, N']): the referenced records dequantized once, and each
-    token's entries as workspace rows (-1 = skip), N' = W + TOPK rounded up to 64.
+    token's entries as workspace rows (-1 = skip), N' = W + TOPK rounded up to 64 (the module
+    docstring's steps).
 
     swa_flat uint8 [S1, D + D/32] with swa_slots int32 [T, W]; kv_flat uint8 [S2, B] with
     topk_slots int32 [T, TOPK] (-1 = skip). Row R - 1 is zeros: a token with no entry points
-    there (its output is then 0, as the reference gives).
+    there (its output is then 0, as the reference gives). R = min(S1 + S2, T N) + 1, or with
+    exact_size U + 1 for the U referenced slots (one host sync; None when that passes MAX_ROWS).
     """
     T, W = swa_slots.shape
     TOPK = topk_slots.shape[1]
@@ -187,55 +218,29 @@ def build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: i
     S2 = kv_flat.shape[0] if TOPK else 0
     N = W + TOPK
     n_pad = triton.cdiv(N, ROW_ALIGN) * ROW_ALIGN
-    c = torch.cat((swa_slots, torch.where(topk_slots >= 0, topk_slots + S1, -1)), dim=1)
-    valid = c >= 0  # [T, N]
-    if S1 + S2 > SORT_FACTOR * T * N:
-        return _build_sorted(swa_flat, kv_flat, c, valid, S1, S2, kv_fp4, D, n_pad)
     dev = swa_slots.device
+    swa_slots, topk_slots = swa_slots.contiguous(), topk_slots.contiguous()
+    mark = torch.empty(max(S1 + S2, 1), dtype=torch.int32, device=dev)
+    own = torch.empty(T * N, dtype=torch.int32, device=dev)
+    BN = 256
+    grid = (T, triton.cdiv(N, BN))
+    if T * N:
+        claim_kernel[grid](swa_slots, topk_slots, mark, W, TOPK, S1, S2, N, BN=BN)
+        owner_kernel[grid](swa_slots, topk_slots, mark, own, W, TOPK, S1, S2, N, BN=BN)
+    rank = torch.cumsum(own, 0, dtype=torch.int32)  # inclusive: row = rank - 1
     R = min(S1 + S2, T * N) + 1
-    c_any = torch.where(valid, c, S1 + S2).long()  # invalid entries flag the extra slot
-    flag = torch.zeros(S1 + S2 + 1, dtype=torch.int32, device=dev)
-    flag.index_fill_(0, c_any.flatten(), 1)
-    flag[S1 + S2 :].zero_()  # (a fill: item assignment would copy from the host)
-    row = torch.cumsum(flag, 0, dtype=torch.int32) - flag  # [S1 + S2 + 1]
-    ws = torch.empty(R, D, dtype=torch.bfloat16, device=dev)
-    ws[R - 1].zero_()
-    BS = 16
-    for src, n, off, fmt in ((swa_flat, S1, 0, 0), (kv_flat, S2, S1, int(kv_fp4))):
-        if n:
-            dequant_rows_kernel[(triton.cdiv(n, BS),)](
-                src, flag[off:], row[off:], ws, n, D=D, RS=src.shape[1], BS=BS, FMT=fmt
-            )
-    return ws, _rows(valid, row[c_any], n_pad, R)
-
-
-def _build_sorted(
-    swa_flat, kv_flat, c, valid, S1: int, S2: int, kv_fp4: bool, D: int, n_pad, exact_size=False
-):
-    """`build_workspace` for caches much larger than the T N entries referenced (a served pool):
-    the referenced slots are sorted and ranked instead of flagged over the whole slot space, so
-    the work is O(T N log) whatever the cache size. R = T N + 1 rows (the unique slots first),
-    or with exact_size U + 1 for the U unique slots (one host sync; None when U + 1 exceeds
-    MAX_ROWS)."""
-    T, N = c.shape
-    M = T * N
-    dev = c.device
-    key = torch.where(valid, c, S1 + S2).flatten()  # int32 slots; invalid entries sort last
-    sv, order = torch.sort(key)
-    first = torch.ones(M, dtype=torch.bool, device=dev)
-    first[1:] = sv[1:] != sv[:-1]
-    first &= sv < S1 + S2
-    rank = torch.cumsum(first, 0, dtype=torch.int32) - 1  # row of each sorted entry's slot
-    row = torch.empty(M, dtype=torch.int32, device=dev).scatter_(0, order, rank)
-    uniq = torch.full((M + 1,), -1, dtype=torch.int32, device=dev)  # row -> slot; M: a sink
-    uniq.scatter_(0, torch.where(first, rank, M).long(), sv)
-    R = M + 1
     if exact_size:
-        R = int(first.sum()) + 1  # the host sync
+        R = (int(rank[-1]) if T * N else 0) + 1  # the host sync
         if R > MAX_ROWS:
             return None
-    uniq = uniq[: R - 1]
-    swa_list = torch.where(uniq < S1, uniq, -1)
-    kv_list = torch.where(uniq >= S1, uniq - S1, -1)
-    ws = _fill_picked(swa_flat, swa_list, kv_flat, kv_list, kv_fp4, D, R)
-    return ws, _rows(valid, row.view(T, N), n_pad, R)
+    rows = torch.empty(T, n_pad, dtype=torch.int32, device=dev)
+    swa_list = torch.full((R,), -1, dtype=torch.int32, device=dev)  # row R - 1: never written
+    kv_list = torch.full((R,), -1, dtype=torch.int32, device=dev)
+    if T:
+        BLK = triton.next_power_of_2(max(n_pad, 1))
+        remap_kernel[(T,)](
+            swa_slots, topk_slots, mark, rank, rows, swa_list, kv_list,
+            W, TOPK, S1, S2, N, n_pad, R, BN=BLK,
+        )  # fmt: skip
+    ws = _fill_picked(swa_flat, swa_list[: R - 1], kv_flat, kv_list[: R - 1], kv_fp4, D, R)
+    return ws, rows

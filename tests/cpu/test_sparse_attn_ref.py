@@ -256,15 +256,16 @@ def test_private_workspace_interpreted(layout):
 
 @pytest.mark.triton_interpret
 def test_workspaces_sized_to_the_referenced_slots_interpreted(monkeypatch):
-    """Outside graph capture, a large cache's workspace is built once for every token, with one
-    row per referenced slot (plus the zero row), in slot order; MAX_ROWS below that falls back to
-    chunks of the static bound."""
+    """Outside graph capture, when the static bound needs chunks, the workspace is built once for
+    every token with one row per referenced slot (plus the zero row); MAX_ROWS below that falls
+    back to chunks of the static bound."""
     from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
 
     D, T, W, TOPK, S1, S2 = 64, 5, 6, 9, 30, 50
-    monkeypatch.setattr(tw, "SORT_FACTOR", 0)
     swa, sw, kv, tk = _workspace_case(Layout.V41_FP4, D, T, W, TOPK, S1, S2)
     n_ref = len(set(sw[sw >= 0].tolist())) + len(set(tk[tk >= 0].tolist()))
+    monkeypatch.setattr(tw, "MAX_ROWS", n_ref + 1)
+    assert n_ref + 1 < min(S1 + S2, T * (W + TOPK)) and len(tw.token_chunks(swa, sw, kv, tk)) > 1
     (t0, t1, ws, rows), *more = list(tw.workspaces(swa, sw, kv, tk, True, D))
     assert (t0, t1) == (0, T) and not more and ws.shape == (n_ref + 1, D)
     keys = torch.cat(
@@ -275,30 +276,25 @@ def test_workspaces_sized_to_the_referenced_slots_interpreted(monkeypatch):
     assert torch.equal(got[valid], keys[valid]) and rows[3, 0] == n_ref
     monkeypatch.setattr(tw, "MAX_ROWS", 32)  # under n_ref + 1: chunks of 32 // 15 = 2 tokens
     assert [c[:2] for c in tw.workspaces(swa, sw, kv, tk, True, D)] == [(0, 2), (2, 4), (4, 5)]
-    # a small cache (no sorting by size) whose static bound needs chunks: one exact-size build
-    monkeypatch.setattr(tw, "SORT_FACTOR", 10**9)
-    monkeypatch.setattr(tw, "MAX_ROWS", n_ref + 1)
-    assert n_ref + 1 < min(S1 + S2, T * (W + TOPK)) and len(tw.token_chunks(swa, sw, kv, tk)) > 1
-    (t0, t1, ws2, rows2), *more = list(tw.workspaces(swa, sw, kv, tk, True, D))
-    assert (t0, t1) == (0, T) and not more and torch.equal(ws2, ws) and torch.equal(rows2, rows)
 
 
 @pytest.mark.triton_interpret
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-@pytest.mark.parametrize("sort", [False, True])
-def test_flashmla_workspace_interpreted(layout, sort, monkeypatch):
+@pytest.mark.parametrize("exact_size", [False, True])
+@pytest.mark.parametrize("big", [False, True])
+def test_flashmla_workspace_interpreted(layout, exact_size, big):
     """The FlashMLA path's workspace: each referenced record once, dequantized; entry lists
-    remapped to its rows (-1 kept, padded to 64); a token with no entry reads the zero row.
-    Both compactions: flags over the slot space, and (sort: what a large pool takes) the
-    referenced slots sorted and ranked."""
+    remapped to its rows (-1 kept, padded to 64); a token with no entry reads the zero row; rows
+    0 .. U - 1 for the U referenced slots (each once), R = min(slots, T N) + 1 or, exact_size,
+    U + 1. big: caches of more slots than the T N entries (a served pool's case)."""
     from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
 
-    D, T, W, TOPK, S1, S2 = 64, 5, 6, 9, 30, 50
-    monkeypatch.setattr(tw, "SORT_FACTOR", 0 if sort else 8)
+    D, T, W, TOPK = 64, 5, 6, 9
+    S1, S2 = (300, 500) if big else (30, 50)
     swa, sw, kv, tk = _workspace_case(layout, D, T, W, TOPK, S1, S2)
-    ws, rows = tw.build_workspace(swa, sw, kv, tk, layout is Layout.V41_FP4, D)
+    ws, rows = tw.build_workspace(swa, sw, kv, tk, layout is Layout.V41_FP4, D, exact_size)
     n_ref = len(set(sw[sw >= 0].tolist())) + len(set(tk[tk >= 0].tolist()))
-    R = (T * (W + TOPK) if sort else min(S1 + S2, T * (W + TOPK))) + 1
+    R = n_ref + 1 if exact_size else min(S1 + S2, T * (W + TOPK)) + 1
     assert ws.shape == (R, D) and rows.shape == (T, 64)
     assert (rows[:, W + TOPK :] == -1).all()
     keys = torch.cat((gather_records(swa, sw, Layout.V41, D), gather_records(kv, tk, layout, D)), 1)
@@ -308,8 +304,27 @@ def test_flashmla_workspace_interpreted(layout, sort, monkeypatch):
     assert torch.equal(rows[:, : W + TOPK] >= 0, read)
     got = ws.float()[rows[:, : W + TOPK].clamp(min=0).long()]
     assert torch.equal(got[valid], keys[valid])
-    assert rows[valid.nonzero(as_tuple=True)].max() == n_ref - 1  # compacted: rows 0 .. n_ref-1
+    # compacted: each referenced slot at one row, rows 0 .. n_ref - 1 all used
+    slot = torch.cat((sw, torch.where(tk >= 0, tk + S1, -1)), 1)[valid]
+    row = rows[:, : W + TOPK][valid]
+    pairs = set(zip(slot.tolist(), row.tolist(), strict=True))
+    assert len(pairs) == n_ref and {r for _, r in pairs} == set(range(n_ref))
     assert rows[3, 0] == R - 1 and (ws[R - 1] == 0).all()
+
+
+@pytest.mark.triton_interpret
+def test_workspace_skips_slots_outside_the_caches_interpreted():
+    """A slot beyond its cache is left out (read as -1) instead of written past the claim
+    array."""
+    from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
+
+    D, T, W, TOPK, S1, S2 = 64, 5, 6, 9, 30, 50
+    swa, sw, kv, tk = _workspace_case(Layout.V41_FP4, D, T, W, TOPK, S1, S2)
+    sw[2, 1], tk[2, 2] = S1 + 5, S2
+    ws, rows = tw.build_workspace(swa, sw, kv, tk, True, D, True)
+    assert rows[2, 1] == -1 and rows[2, W + 2] == -1
+    ok = (sw[2] >= 0) & (sw[2] < S1)
+    assert (rows[2, :W][ok] >= 0).all()
 
 
 def test_split_grids_have_no_empty_splits():
