@@ -264,12 +264,15 @@ def test_workspace_sizes_give_the_same_output(H, variant, monkeypatch):
     if launch["flashmla"] and not triton_flashmla.available():
         pytest.skip("flash_mla is not installed")
     q, swa, sw, kv, tk, sink = make_case(300, H, 512, 128, 512, Layout.V41_FP4)
-    skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
+    nan = torch.full((2000, 528), 0xFF, dtype=torch.uint8, device=DEV)  # never referenced
+    swa_flat = torch.cat((swa.view(-1, 528), nan))
+    kv_flat = torch.cat((kv.view(-1, record_bytes(Layout.V41_FP4, 512)), nan[:, :288]))
+    skv = SparseKV(swa_flat, sw, kv_flat, tk, Layout.V41_FP4)
     whole = sparse_attention(q, skv, sink, **launch)
     n_ref = int(sw[sw >= 0].unique().numel() + tk[tk >= 0].unique().numel())
     monkeypatch.setattr(triton_workspace, "MAX_ROWS", n_ref + 1)  # bound: chunks; exact: one
-    swa_flat, kv_flat = swa.view(-1, 528), kv.view(-1, record_bytes(Layout.V41_FP4, 512))
     assert len(triton_workspace.token_chunks(swa_flat, sw, kv_flat, tk)) > 1
+    assert not whole.isnan().any()
     out = torch.empty_like(whole)
     sparse_attention(q, skv, sink, out=out, **launch)
     assert torch.equal(out, whole)
