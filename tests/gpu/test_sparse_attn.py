@@ -257,9 +257,10 @@ def test_exact_path_every_variant_d512(layout, T, H, variant):
 
 @pytest.mark.parametrize("H, variant", [(8, "ws_direct_n64"), (64, "flashmla")])
 def test_workspace_sizes_give_the_same_output(H, variant, monkeypatch):
-    """The workspace sized to the referenced slots (one chunk, eager) and at its static bound in
-    chunks (MAX_ROWS forced low) give the same output bit for bit (row orders differ: the
-    owners race), and the bound replays from a CUDA graph."""
+    """The workspace at its static bound (one chunk) and sized to the referenced slots (one
+    chunk, eager, MAX_ROWS forced to that size) give the same output bit for bit (row orders
+    differ: the owners race); the static bound in chunks replays from a CUDA graph (bit for bit
+    through FlashMLA; the Triton plan splits one-token chunks, so within bf16 there)."""
     launch = tri.variants_for(H)[variant]
     if launch["flashmla"] and not triton_flashmla.available():
         pytest.skip("flash_mla is not installed")
@@ -281,7 +282,11 @@ def test_workspace_sizes_give_the_same_output(H, variant, monkeypatch):
         sparse_attention(q, skv, sink, out=out, **launch)
     out.zero_()
     g.replay()
-    assert torch.equal(out, whole)
+    if launch["flashmla"]:
+        assert torch.equal(out, whole)
+    else:  # chunks of one token: the Triton plan splits them (another summation order)
+        err = (out.float() - whole.float()).norm() / whole.float().norm()
+        assert err < 5e-3, err
 
 
 def test_exact_path_refuses_fp4_tiles_of_16():
