@@ -95,19 +95,22 @@ def _variants(H: int) -> dict:
         cuda["cuda_wg64_x1"] = Plan(
             block_h=64, block_n=64, num_warps=12, swap=False, cuda=True, wg64=True, per_sm=1
         )
-    if H <= 32:
-        return small | cuda
+    if H <= 32:  # and FlashMLA's sparse prefill over the workspace, the heads padded to 64
+        return small | cuda | {"flashmla": _FLASHMLA}
     return cuda | {
         "direct64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False),
         "direct64_n64": Plan(block_h=64, block_n=64, num_warps=8, swap=False),
         "skew64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False, skew=True),
         "direct_n32_bh16": small["direct_n32"],
         "swap_w8_n32_pf_bh16": small["swap_w8_n32_pf"],
-        "flashmla": Plan(block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True),
+        "flashmla": _FLASHMLA,
         "flashmla_private": Plan(
             block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True, private=True
         ),
     }
+
+
+_FLASHMLA = Plan(block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True)
 
 
 def _exact_variants(H: int) -> dict:

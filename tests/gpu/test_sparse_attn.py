@@ -108,10 +108,11 @@ def test_every_variant_at_every_head_count(layout, T, H, variant):
 
 @pytest.mark.skipif(not triton_flashmla.available(), reason="flash_mla is not installed")
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize("H", [8, 32, 64, 128])
 def test_flashmla_workspace_path(layout, H, monkeypatch):
-    """FlashMLA's sparse prefill over the dequantized workspace, in one chunk and token by token
-    (the workspace bound forced below the referenced slots)."""
+    """FlashMLA's sparse prefill over the dequantized workspace (fewer than 64 heads padded to
+    64), in one chunk and token by token (the workspace bound forced below the referenced
+    slots)."""
     q, swa, sw, kv, tk, sink = make_case(70, H, 512, 128, 512, layout, floor_every=3)
     out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, flashmla=True)
     assert (out[2] == 0).all()
