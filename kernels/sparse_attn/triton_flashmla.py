@@ -33,9 +33,9 @@ def sparse_attention(
 ):  # fmt: skip
     """Same contract as `triton.sparse_attention`, for q bf16 [T, H, 512] on SM90, H <= 64
     (padded to 64) or 128. With out None and bf16 out_dtype, FlashMLA's own output is returned
-    when one chunk covers T and H is 64 or 128 (no copy: 2 x T x H x D x 2 bytes, ~130 us at
-    4096 x 64 heads). private: one workspace row per (token, entry)
-    (`build_private_workspace`), for decode."""
+    when one chunk covers T (no copy: 2 x T x H x D x 2 bytes, ~130 us at 4096 x 64 heads;
+    padded, the view of its first H heads, not contiguous). private: one workspace row per
+    (token, entry) (`build_private_workspace`), for decode."""
     import flash_mla
 
     T, H, D = q.shape
@@ -63,8 +63,8 @@ def sparse_attention(
             use_legacy=True,
             return_log2_lse=False,
         )[0][:, :H]
-        if out is None and out_dtype == torch.bfloat16 and (t0, t1) == (0, T) and not pad:
-            return o  # one chunk: FlashMLA's own output
+        if out is None and out_dtype == torch.bfloat16 and (t0, t1) == (0, T):
+            return o  # one chunk: FlashMLA's own output (its first H heads when padded)
         if out is None:
             out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
         out[t0:t1].copy_(o)
