@@ -16,9 +16,11 @@ call is CUDA-graph capturable (static grid, no host syncs):
   P V product trails one tile (SKEW); on SM90 with `flash_mla` installed, FlashMLA's sparse
   prefill over a bf16 workspace (`triton_flashmla`): from 128 tokens one row per (token, entry)
   (decode batches share no entries), from 1024 tokens each referenced record once;
-- prefill-sized T at 17-32 heads (and up to 16 without the CUDA kernel): `triton_kernel` over a
-  bf16 workspace of the referenced records, each dequantized once (`triton_workspace`);
-- fp32 q (the exact path, what the served layer passes): on SM90 the CUDA kernel's exact mode
+- prefill-sized T at 17-63 heads: FlashMLA's sparse prefill over that workspace with the heads
+  padded to 64 (SM90, `flash_mla` installed); without it at 17-32 heads (and up to 16 without
+  the CUDA kernel) `triton_kernel` over a bf16 workspace of the referenced records, each
+  dequantized once (`triton_workspace`);
+- fp32 q (the exact path, `SGLANG_DSV41_ATTN_DTYPE=fp32`): on SM90 the CUDA kernel's exact mode
   at every head count and size (blocks of 8 heads); elsewhere the Triton kernels with q and P
   split into three exact bf16 parts (`triton_kernel.split3`), never FlashMLA (bf16 q) nor SKEW;
   `ieee=True` takes fp32 tiles with IEEE products instead (slow at D = 512);
@@ -51,7 +53,7 @@ from sglang_dsv41.kernels.sparse_attn.variants import (  # noqa: F401  (re-expor
 )
 
 LOG2E = 1.4426950408889634
-FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 64 or 128 heads, SM90) the FlashMLA path
+FLASHMLA_MIN_TOKENS = 1024  # from here on (bf16 q, 17-128 heads, SM90) the FlashMLA path
 FLASHMLA_PRIVATE_MIN_TOKENS = 128  # from here to 1024: FlashMLA over per-entry workspace rows
 WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a bf16 workspace
 # decode with fewer (token, block of heads) pairs than this, at any head count: the CUDA kernel's
@@ -95,6 +97,8 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
     name = _cuda_variant(T, H, False) if cuda else None
     if name and _cuda_ok(device):
         return v[name]
+    if 16 < H < 64 and T >= FLASHMLA_MIN_TOKENS and _flashmla_ok(device):
+        return v["flashmla"]  # the heads padded to 64: 0.65x the CUDA kernel's time at 32
     if H <= 32 and T >= WORKSPACE_MIN_TOKENS:
         return v["ws_direct_n64"]
     if H <= 16:

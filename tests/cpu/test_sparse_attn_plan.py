@@ -54,6 +54,14 @@ def test_flashmla_routes_when_available(monkeypatch):
     assert dataclasses.asdict(tri.plan_for(1024, 128, 512, CPU, False)) == v["flashmla"]
     exact = tri.plan_for(1024, 64, 512, CPU, True)  # fp32 q never takes FlashMLA (bf16 q)
     assert not exact.flashmla and exact.workspace
+    # 17-63 heads in prefill: FlashMLA with the heads padded to 64; not at 16, nor in decode
+    for H in (17, 32, 48, 63):
+        want = tri.variants_for(H)["flashmla"]
+        assert dataclasses.asdict(tri.plan_for(1024, H, 512, CPU, False)) == want, H
+        assert not tri.plan_for(1023, H, 512, CPU, False).flashmla, H
+    assert not tri.plan_for(1024, 16, 512, CPU, False).flashmla
+    monkeypatch.setattr(tri, "_flashmla_ok", lambda device: False)
+    assert tri.plan_for(1024, 32, 512, CPU, False).workspace
 
 
 @pytest.mark.parametrize("H", [8, 16, 32, 64, 128])
