@@ -313,6 +313,39 @@ def test_flashmla_workspace_interpreted(layout, exact_size, big):
 
 
 @pytest.mark.triton_interpret
+@pytest.mark.parametrize("stale", ["entries", "previous_call", "garbage"])
+def test_workspace_claims_ignore_stale_marks_interpreted(stale, monkeypatch):
+    """The claim array is never cleared: whatever it holds (indices of entries with other
+    slots, a previous call's claims over other lists, values out of range), every entry reads
+    its own record and each referenced slot gets one row."""
+    from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
+
+    D, T, W, TOPK, S1, S2 = 64, 5, 6, 9, 30, 50
+    N = W + TOPK
+    swa, sw, kv, tk = _workspace_case(Layout.V41_FP4, D, T, W, TOPK, S1, S2)
+    g = torch.Generator().manual_seed(3)
+    if stale == "entries":
+        mark = torch.randint(0, T * N, (S1 + S2,), generator=g, dtype=torch.int32)
+    elif stale == "garbage":
+        mark = torch.randint(-(2**31), 2**31 - 1, (S1 + S2,), generator=g, dtype=torch.int32)
+    else:  # the claims of another call, over the same caches
+        mark = torch.empty(S1 + S2, dtype=torch.int32)
+        monkeypatch.setattr(tw, "_claim_array", lambda n, dev: mark)
+        tw.build_workspace(swa, sw.flip(0), kv, tk.roll(3, dims=1), True, D)
+    monkeypatch.setattr(tw, "_claim_array", lambda n, dev: mark)
+    ws, rows = tw.build_workspace(swa, sw, kv, tk, True, D, True)
+    n_ref = len(set(sw[sw >= 0].tolist())) + len(set(tk[tk >= 0].tolist()))
+    assert ws.shape == (n_ref + 1, D)
+    keys = torch.cat(
+        (gather_records(swa, sw, Layout.V41, D), gather_records(kv, tk, Layout.V41_FP4, D)), 1
+    )
+    valid = torch.cat((sw, tk), 1) >= 0
+    got = ws.float()[rows[:, :N].clamp(min=0).long()]
+    assert torch.equal(got[valid], keys[valid])
+    assert set(rows[:, :N][valid].tolist()) == set(range(n_ref))
+
+
+@pytest.mark.triton_interpret
 def test_workspace_skips_slots_outside_the_caches_interpreted():
     """A slot beyond its cache is left out (read as -1) instead of written past the claim
     array."""
