@@ -15,8 +15,9 @@ checks it against the reference on a B200.
         fresh FlashMLASchedMeta, so a call is CUDA-graph capturable.
     prefill (T >= PREFILL_MIN_TOKENS, outside graph capture):
         flash_mla_sparse_fwd over a bf16 workspace holding each distinct referenced record once
-        (dequantized by kv.records, exact in bf16), indices rebased into it. Finding the distinct
-        records costs one host sync (torch.unique).
+        (`triton_workspace`, the SM90 route's: dequantized exactly, each token's list as
+        workspace rows padded to 64, a token that sees nothing pointed at a zero row), in
+        chunks of at most MAX_ROWS rows (sized to the referenced slots: one host sync).
 
 FlashMLA's V4.1 records are this package's records (kv/records.py, byte-identical to SGLang's
 writers): per token the data bytes, then the scale bytes. Limits: D = 512, H in (64, 128),
@@ -32,7 +33,7 @@ from torch import Tensor
 
 from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kernels.dispatch import older_than
-from sglang_dsv41.kv.records import Layout, record_bytes, unpack
+from sglang_dsv41.kv.records import Layout, record_bytes
 
 HEADS = (64, 128)
 HEAD_DIM = 512
@@ -108,47 +109,44 @@ def decode(q: Tensor, kv: SparseKV, attn_sink: Tensor | None, scale: float) -> T
     return out.view(T, H, D)
 
 
-def workspace(kv: SparseKV, D: int) -> tuple[Tensor, Tensor]:
-    """(kv bf16 [U, 1, D]: each distinct record the slot lists name, dequantized; indices int32
-    [T, W + TOPK] into it, -1 where the slot is -1). One host sync (the count U)."""
-    lists, n_swa = [], 0
-    if kv.swa_slots is not None:
-        lists.append(kv.swa_slots.long())
-        n_swa = kv.swa_cache.view(-1, record_bytes(Layout.V41, D)).shape[0]
-    if kv.topk_slots is not None:
-        s = kv.topk_slots.long()
-        lists.append(torch.where(s >= 0, s + n_swa, s))  # the main-KV cache after the SWA one
-    keys = torch.cat(lists, dim=1)  # [T, N]: SWA slots, then main-KV slots + n_swa
-    uniq, inv = torch.unique(keys.clamp_min(-1), return_inverse=True)
-    rows = []
-    is_swa = (uniq >= 0) & (uniq < n_swa)
-    if kv.swa_slots is not None:
-        flat = kv.swa_cache.view(-1, record_bytes(Layout.V41, D))
-        rows.append(unpack(Layout.V41, flat[uniq.clamp(0, n_swa - 1)]))
-    if kv.topk_slots is not None:
-        flat = kv.kv_cache.view(-1, record_bytes(kv.kv_layout, D))
-        main = unpack(kv.kv_layout, flat[(uniq - n_swa).clamp(0, flat.shape[0] - 1)])
-        rows = [torch.where(is_swa[:, None], rows[0], main)] if rows else [main]
-    ws = rows[0].to(torch.bfloat16)  # [U, D], exact: V4.1 values have <= 8 significant bits
-    idx = torch.where(keys >= 0, inv, torch.full_like(inv, -1)).to(torch.int32)
-    return ws.view(-1, 1, D), idx
-
-
 def prefill(q: Tensor, kv: SparseKV, attn_sink: Tensor | None, scale: float) -> Tensor:
-    """o bf16 [T, H, 512] through flash_mla_sparse_fwd over the distinct records."""
+    """o bf16 [T, H, 512] through flash_mla_sparse_fwd over the workspace of the referenced
+    records (`triton_workspace.workspaces`), chunk by chunk."""
     import flash_mla
 
+    from sglang_dsv41.kernels.sparse_attn.triton_workspace import workspaces
+
     T, H, D = q.shape
-    ws, idx = workspace(kv, D)
-    out, _, _ = flash_mla.flash_mla_sparse_fwd(
-        q=q.contiguous(),
-        kv=ws,
-        indices=idx.view(T, 1, -1),
-        sm_scale=scale,
-        d_v=D,
-        attn_sink=None if attn_sink is None else attn_sink.float().contiguous(),
-    )
+    empty = torch.empty(T, 0, dtype=torch.int32, device=q.device)
+    swa_flat = kv.swa_cache.view(-1, record_bytes(Layout.V41, D))  # unsupported() needs it
+    if kv.topk_slots is not None:
+        kv_flat, top = kv.kv_cache.view(-1, record_bytes(kv.kv_layout, D)), kv.topk_slots
+    else:
+        kv_flat, top = swa_flat[:0], empty
+    sink = None if attn_sink is None else attn_sink.float().contiguous()
+    fp4 = kv.kv_layout is Layout.V41_FP4
+    out = None
+    for t0, t1, ws, rows in workspaces(
+        swa_flat, _int32(kv.swa_slots), kv_flat, _int32(top), fp4, D
+    ):
+        o, _, _ = flash_mla.flash_mla_sparse_fwd(
+            q=q[t0:t1].contiguous(),
+            kv=ws.view(-1, 1, D),
+            indices=rows.view(t1 - t0, 1, -1),
+            sm_scale=scale,
+            d_v=D,
+            attn_sink=sink,
+        )
+        if (t0, t1) == (0, T):
+            return o
+        if out is None:
+            out = torch.empty(T, H, D, dtype=o.dtype, device=q.device)
+        out[t0:t1] = o
     return out
+
+
+def _int32(slots: Tensor) -> Tensor:
+    return slots.to(torch.int32).contiguous()
 
 
 def sparse_attention(q: Tensor, kv: SparseKV, attn_sink, scale: float, out: Tensor) -> Tensor:
