@@ -16,9 +16,10 @@ size (a served pool holds tens of millions of slots):
    softmax gives), lists padded to a multiple of 64; each owner names its slot at its row;
 4. dequantize: `dequant_pick_kernel` writes each row's record as D bf16 values.
 
-mark is read only where this call wrote it, so it needs no clearing. The rows come in the
-owners' order, which the race decides: the workspace's row order may differ between calls,
-the values each entry reads never do. Outside CUDA-graph capture the workspace can be sized to
+mark needs no clearing: a value found there counts only when it names an entry of this call
+whose slot is that one (`claim_kernel`), and anything else is overwritten. The rows come in the
+owners' order, which the race (and what mark held) decides: the workspace's row order may
+differ between calls, the values each entry reads never do. Outside CUDA-graph capture the workspace can be sized to
 the referenced slots (one host sync, `workspaces`); inside, to the static bound min(slots, T N).
 All steps run on device; consumers: FlashMLA's sparse prefill (`triton_flashmla`) and the
 Triton kernel over BF16 rows (`triton.py`).
