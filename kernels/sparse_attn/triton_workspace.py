@@ -19,8 +19,9 @@ size (a served pool holds tens of millions of slots):
 mark needs no clearing: a value found there counts only when it names an entry of this call
 whose slot is that one (`claim_kernel`), and anything else is overwritten. The rows come in the
 owners' order, which the race (and what mark held) decides: the workspace's row order may
-differ between calls, the values each entry reads never do. Outside CUDA-graph capture the workspace can be sized to
-the referenced slots (one host sync, `workspaces`); inside, to the static bound min(slots, T N).
+differ between calls, the values each entry reads never do. Outside CUDA-graph capture the
+workspace can be sized to the referenced slots (one host sync, `workspaces`); inside, to the
+static bound min(slots, T N).
 All steps run on device; consumers: FlashMLA's sparse prefill (`triton_flashmla`) and the
 Triton kernel over BF16 rows (`triton.py`).
 
