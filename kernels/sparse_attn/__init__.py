@@ -54,8 +54,9 @@ def sparse_attention(
     q [T, H, D] bf16, or fp32 for the exact path (H any, 8..128 typical; D a power of two >= 64,
     512 in V4.1); kv: the caches and slot lists (kernels.args.SparseKV; either list may be None);
     attn_sink fp32 [H] (unscaled logit of a zero value) or None; scale defaults to D^-0.5.
-    Returns `out`, or when it is None a new out_dtype (bf16 / fp32) tensor (on the 64-head
-    FlashMLA route FlashMLA's own output, not copied). No host syncs: graph-capturable.
+    Returns `out`, or when it is None a new out_dtype (bf16 / fp32) tensor (on the FlashMLA
+    route FlashMLA's own output, not copied: with fewer than 64 heads, padded to 64 there, the
+    view of its first H heads). No host syncs: graph-capturable.
     `launch` passes tuning knobs to the Triton launcher (num_splits, block_n, num_warps, ...).
     """
     T, H, D = q.shape
