@@ -12,6 +12,7 @@ must agree) and names the field in its error. Nothing here syncs with the device
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -156,6 +157,26 @@ class SparseKV:
                 "the records of topk_slots (an index of its shape)",
             )
 
+    def flat(self, T: int, D: int, dev: torch.device) -> FlatKV:
+        """The caches as rows of records and the slot lists as int32 [T, N] with unit stride,
+        what the Triton / CUDA kernels take: an absent list is [T, 0] on `dev`, its cache one
+        dummy byte row."""
+        empty = torch.empty(T, 0, dtype=torch.int32, device=dev)
+        dummy = torch.empty(1, 1, dtype=torch.uint8, device=dev)
+        parts = []
+        for cache, slots, layout, name in (
+            (self.swa_cache, self.swa_slots, Layout.V41, "swa_slots"),
+            (self.kv_cache, self.topk_slots, self.kv_layout, "topk_slots"),
+        ):
+            if slots is None:
+                parts += [dummy, empty]
+                continue
+            _need(slots.shape[0] == T, name, f"[T={T}, N], got {tuple(slots.shape)}")
+            slots = slots if slots.dtype == torch.int32 else slots.to(torch.int32)
+            slots = slots if slots.stride(-1) == 1 else slots.contiguous()
+            parts += [cache.view(-1, record_bytes(layout, D)), slots]
+        return FlatKV(*parts)
+
     def check_dim(self, D: int) -> None:
         """Raise unless the caches hold records of D values."""
         if self.swa_slots is not None:
@@ -168,6 +189,16 @@ class SparseKV:
                 "kv_cache",
                 f"[..., {B}] {self.kv_layout.name} records at D={D}",
             )
+
+
+class FlatKV(NamedTuple):
+    """SparseKV.flat: swa_flat uint8 [S1, D + D/32], swa_slots int32 [T, W], kv_flat uint8
+    [S2, B], topk_slots int32 [T, TOPK] (W or TOPK 0 for an absent list)."""
+
+    swa_flat: Tensor
+    swa_slots: Tensor
+    kv_flat: Tensor
+    topk_slots: Tensor
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kernels.dispatch import Path
 from sglang_dsv41.kernels.sparse_attn.indices import entry_slots, swa_window_slots
 from sglang_dsv41.kernels.sparse_attn.ref import sparse_attention_ref
-from sglang_dsv41.kv.records import Layout, record_bytes
+from sglang_dsv41.kv.records import Layout
 
 __all__ = [
     "SparseKV",
@@ -81,21 +81,12 @@ def sparse_attention(
         return out
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
-    empty = torch.empty(T, 0, dtype=torch.int32, device=q.device)
-    dummy = torch.empty(1, 1, dtype=torch.uint8, device=q.device)
-    has_swa, has_top = kv.swa_slots is not None, kv.topk_slots is not None
-    swa_flat = kv.swa_cache.view(-1, record_bytes(Layout.V41, D)) if has_swa else dummy
-    kv_flat = kv.kv_cache.view(-1, record_bytes(kv.kv_layout, D)) if has_top else dummy
-    swa_slots = _as_index(kv.swa_slots, T) if has_swa else empty
-    topk_slots = _as_index(kv.topk_slots, T) if has_top else empty
+    flat = kv.flat(T, D, q.device)
     q = q if q.stride(-1) == 1 else q.contiguous()
     sink = None if attn_sink is None else attn_sink.to(torch.float32).contiguous()
     return tri.sparse_attention(
         q,
-        swa_flat,
-        swa_slots,
-        kv_flat,
-        topk_slots,
+        *flat,
         kv.kv_layout is Layout.V41_FP4,
         sink,
         scale,
@@ -103,10 +94,3 @@ def sparse_attention(
         out_dtype,
         **launch,
     )
-
-
-def _as_index(slots: Tensor, T: int) -> Tensor:
-    if slots.dim() != 2 or slots.shape[0] != T:
-        raise ValueError(f"slot lists must be [T={T}, N], got {tuple(slots.shape)}")
-    slots = slots if slots.dtype == torch.int32 else slots.to(torch.int32)
-    return slots if slots.stride(-1) == 1 else slots.contiguous()

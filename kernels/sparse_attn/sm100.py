@@ -117,18 +117,9 @@ def prefill(q: Tensor, kv: SparseKV, attn_sink: Tensor | None, scale: float) -> 
     from sglang_dsv41.kernels.sparse_attn.triton_workspace import workspaces
 
     T, H, D = q.shape
-    empty = torch.empty(T, 0, dtype=torch.int32, device=q.device)
-    swa_flat = kv.swa_cache.view(-1, record_bytes(Layout.V41, D))  # unsupported() needs it
-    if kv.topk_slots is not None:
-        kv_flat, top = kv.kv_cache.view(-1, record_bytes(kv.kv_layout, D)), kv.topk_slots
-    else:
-        kv_flat, top = swa_flat[:0], empty
     sink = None if attn_sink is None else attn_sink.float().contiguous()
-    fp4 = kv.kv_layout is Layout.V41_FP4
     out = None
-    for t0, t1, ws, rows in workspaces(
-        swa_flat, _int32(kv.swa_slots), kv_flat, _int32(top), fp4, D
-    ):
+    for t0, t1, ws, rows in workspaces(*kv.flat(T, D, q.device), kv.kv_layout is Layout.V41_FP4, D):
         o, _, _ = flash_mla.flash_mla_sparse_fwd(
             q=q[t0:t1].contiguous(),
             kv=ws.view(-1, 1, D),
@@ -143,10 +134,6 @@ def prefill(q: Tensor, kv: SparseKV, attn_sink: Tensor | None, scale: float) -> 
             out = torch.empty(T, H, D, dtype=o.dtype, device=q.device)
         out[t0:t1] = o
     return out
-
-
-def _int32(slots: Tensor) -> Tensor:
-    return slots.to(torch.int32).contiguous()
 
 
 def sparse_attention(q: Tensor, kv: SparseKV, attn_sink, scale: float, out: Tensor) -> Tensor:
