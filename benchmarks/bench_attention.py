@@ -1,7 +1,7 @@
 """Sparse attention over V4.1 records (ours) vs FlashMLA on SM90, per heads-per-GPU, one run.
 
     python benchmarks/bench_attention.py [--json out.json] [--sweep] [--ablate] [--jobs 8]
-                                         [--exact] [--heads 8,16,64]
+                                         [--exact] [--heads 8,16,64] [--calls 16]
 
 Work per query token: H heads x D = 512, SWA window W = 128 + top-512 entries, sink. Ours reads
 V41 (528 B) SWA records and V41_FP4 (288 B) or V41 main-KV records, for H in {8, 16, 32, 64}
@@ -21,6 +21,11 @@ kernel with stages left out; `--jobs N` compiles the variants in N processes fir
 stays FlashMLA's bf16 kernels) and reports each default launch's error against the fp32 torch
 reference. `--launch fast=0` (fields of `triton.Plan`, comma-separated) overrides every launch
 of ours: two runs side by side time a plan field's effect.
+`--calls N` also times, for ours (V41_FP4) and the peer, N calls per graph replay, each over
+its own inputs (records, slots, q, out: cold in L2 like one layer after another in a served
+step), and reports the time per call and its ratio beside the one-call figures: a replay of
+one call carries the graph's launch cost (4-6 us on the H200), which a served step pays once
+for all its layers. N is capped per case so that the inputs stay within CALLS_BYTES.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from sglang_dsv41.kernels.sparse_attn.triton_records import deq, load_idx, raw
 from sglang_dsv41.kv.records import Layout, record_bytes
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from graph_timing import graph_us  # noqa: E402  (benchmarks/ is not a package)
+from graph_timing import graph_us, graph_us_per_call  # noqa: E402  (benchmarks/ is not a package)
 
 HEADS = (8, 16, 32, 64)
 D, W, TOPK = 512, 128, 512
@@ -54,6 +59,7 @@ BATCHES = (1, 8, 32, 128, 256)
 PREFILL_T, PREFILL_CTX = 4096, 16384
 FM_HEADS = 64
 DEV = torch.device("cuda")
+CALLS_BYTES = 6e9  # --calls: inputs of one side's graph at most (bytes, estimated per case)
 ABLATE = [(64, 32, 8, False), (16, 32, 4, False), (16, 32, 8, True)]  # heads, BN, warps, swap
 
 
@@ -173,6 +179,17 @@ def work(kind: str, n: int, H: int, main_bytes: int, swa_bytes: int = 528) -> tu
     if kind == "decode":
         return flop, qo + n * (W * swa_bytes + TOPK * main_bytes)
     return flop, qo + PREFILL_CTX * swa_bytes + PREFILL_CTX // 2 * main_bytes
+
+
+def n_calls(kind: str, n: int, want: int) -> int:
+    """--calls: how many calls (each with its own inputs) one graph holds for this case: `want`
+    at most, fewer where their inputs (FlashMLA's: V4 records and 64-head q / out, the
+    larger side) would pass CALLS_BYTES."""
+    if kind == "decode":
+        per = n * (1024 * 584 + 4096 * 584 + 4 * FM_HEADS * D + 4 * N)
+    else:
+        per = (PREFILL_CTX + PREFILL_CTX // 2) * D * 2 + n * (4 * FM_HEADS * D + 4 * N)
+    return max(1, min(want, int(CALLS_BYTES // per)))
 
 
 def cases():
@@ -318,6 +335,7 @@ def main():
     ap.add_argument("--heads", default=",".join(map(str, HEADS)))
     ap.add_argument("--exact", action="store_true", help="fp32 queries (the served layer's)")
     ap.add_argument("--launch", default="", help="Plan fields for every launch: fast=0,...")
+    ap.add_argument("--calls", type=int, default=1, help="also time N calls per graph replay")
     args = ap.parse_args()
     exact = args.exact
     over = parse_launch(args.launch)
@@ -355,6 +373,15 @@ def main():
     peer[("prefill", PREFILL_T)] = graph_us(fm_prefill_fn(PREFILL_T))
     res["flashmla_64_heads"] = {f"{k}_{n}": t for (k, n), t in peer.items()}
     print("FlashMLA (64 heads):", {f"{k} {n}": round(t, 1) for (k, n), t in peer.items()})
+    peer_calls = {}
+    if args.calls > 1:
+        for kind, n in cases():
+            c = n_calls(kind, n, args.calls)
+            make = fm_decode_fn if kind == "decode" else fm_prefill_fn
+            peer_calls[(kind, n)] = (c, graph_us_per_call([make(n) for _ in range(c)]))
+            torch.cuda.empty_cache()
+        res["flashmla_64_heads_per_call"] = {f"{k}_{n}": v for (k, n), v in peer_calls.items()}
+        print("FlashMLA (64 heads), (calls, us per call):", res["flashmla_64_heads_per_call"])
 
     rows, errors = [], []
     res["errors"] = errors
@@ -367,6 +394,19 @@ def main():
             errors.append(f"{name} at H={H} {kind} {n}: {type(exc).__name__}: {exc}")
             print("ERROR", errors[-1][:2000], flush=True)
             return float("nan")
+
+    def timed_calls(kind, n, H, c):
+        """us per call of c calls (own inputs each) in one graph replay, or NaN (recorded)."""
+        try:
+            return graph_us_per_call(
+                [ours_fn(kind, n, H, Layout.V41_FP4, over, exact) for _ in range(c)]
+            )
+        except Exception as exc:
+            errors.append(f"{c} calls at H={H} {kind} {n}: {type(exc).__name__}: {exc}")
+            print("ERROR", errors[-1][:2000], flush=True)
+            return float("nan")
+        finally:
+            torch.cuda.empty_cache()
 
     for H in heads:
         for kind, n in cases():
@@ -385,6 +425,11 @@ def main():
                 row[f"floor_{key}_us"] = max(
                     flop / ceil["bf16_TFLOPs"] / 1e6, nbytes / ceil["copy_TBps"] / 1e6
                 )
+            if args.calls > 1:
+                c, row["flashmla_us_per_call"] = peer_calls[(kind, n)]
+                row["calls"] = c
+                t_ours = row["ours_fp4_us_per_call"] = timed_calls(kind, n, H, c)
+                row["ratio_fp4_per_call"] = t_ours / row["flashmla_us_per_call"]
             row["flop"], row["bytes_fp4"] = work(kind, n, H, 288)
             if exact:
                 row["err_fp4_vs_fp32_ref"] = ours_err(kind, n, H, Layout.V41_FP4, exact)
@@ -415,6 +460,12 @@ def main():
             f"{r['ours_v41_us']:8.1f} | {r['flashmla_us']:8.1f} | {r['ratio_fp4']:6.2f} | "
             f"{r['ratio_v41']:6.2f} | {r['floor_fp4_us']:8.1f}"
         )
+        if "calls" in r:
+            print(
+                f"      {r['calls']} calls a replay, us per call: ours fp4 "
+                f"{r['ours_fp4_us_per_call']:.1f}, FlashMLA {r['flashmla_us_per_call']:.1f}, "
+                f"fp4/FM {r['ratio_fp4_per_call']:.2f}"
+            )
         if r.get("sweep_fp4_us"):
             best = min(r["sweep_fp4_us"], key=r["sweep_fp4_us"].get)
             print(f"      best variant {best}: {r['sweep_fp4_us'][best]:.1f}")

@@ -23,6 +23,28 @@ def graph_us(fn, warmup: int = 10, rep: int = 60) -> float:
     return t
 
 
+def graph_us_per_call(fns, warmup: int = 10, rep: int = 60) -> float:
+    """Median microseconds per call of one CUDA-graph replay holding every fn of `fns` in
+    order (`triton.testing.do_bench`, L2 flushed before each replay), divided by len(fns).
+    Give each fn its own inputs: then every call but the first still reads cold records, as
+    the attention of one layer after another does in a served step, and the graph's launch
+    cost is paid once for all of them instead of once per call (graph_us). Each fn runs once
+    eagerly, then all are captured."""
+    import triton.testing
+
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    t = triton.testing.do_bench(g.replay, warmup=warmup, rep=rep, return_mode="median") * 1e3
+    del g
+    return t / len(fns)
+
+
 def eager_us(fn, warmup: int = 3, rep: int = 20) -> float:
     """Median microseconds of eager calls of fn(), CUDA events around each (host syncs and
     launch overheads included), after `warmup` calls."""
