@@ -12,7 +12,11 @@ workspace has one row per referenced slot. The whole 64-head prefill call
 (FlashMLA route, where `flash_mla` imports) is timed with the default choice twice: as graph
 replays (the static bound: chunks of MAX_ROWS rows) and eagerly, as the server runs prefill (a
 large cache's workspace then sized to the referenced slots after one host sync): median of 20
-calls timed with CUDA events, after 3 warm-up calls.
+calls timed with CUDA events, after 3 warm-up calls. Also the host's time in one eager call
+issued behind ~20 ms of queued GPU work (`host_us_behind`: a host sync shows as ~20 ms), and
+the three times again as the served layer calls it, with the batch's bound on the slots
+referenced (`SparseKV.max_slots` = `serving.context.slots_bound` of one 16K-token request):
+the workspace then sized by that bound, no host sync.
 """
 
 from __future__ import annotations
@@ -28,9 +32,14 @@ from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
 from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
 from sglang_dsv41.kv.records import Layout
+from sglang_dsv41.serving.context import slots_bound
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from graph_timing import eager_us, graph_us  # noqa: E402  (benchmarks/ is not a package)
+from graph_timing import (  # noqa: E402  (benchmarks/ is not a package)
+    eager_us,
+    graph_us,
+    host_us_behind,
+)
 
 T, W, TOPK, CTX, D = 4096, 128, 512, 16384, 512
 MAIN_SLOTS = (8192, 1 << 20, 1 << 24, 1 << 26)  # the last: 64 M slots, 19 GB of FP4 records
@@ -87,6 +96,17 @@ def measure(s2: int, dev) -> dict:
     skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
     row["prefill_64_heads_us"] = graph_us(lambda: sparse_attention(q, skv, sink))
     row["prefill_64_heads_eager_us"] = eager_us(lambda: sparse_attention(q, skv, sink))
+    row["prefill_64_heads_host_us_behind_20ms"] = host_us_behind(
+        lambda: sparse_attention(q, skv, sink)
+    )
+    # as the served layer calls it: the batch's bound on the slots (one CTX-token request)
+    bounded = SparseKV(swa, sw, kv, tk, Layout.V41_FP4, max_slots=slots_bound([CTX]))
+    row["max_slots"] = bounded.max_slots
+    row["prefill_64_heads_bounded_us"] = graph_us(lambda: sparse_attention(q, bounded, sink))
+    row["prefill_64_heads_bounded_eager_us"] = eager_us(lambda: sparse_attention(q, bounded, sink))
+    row["prefill_64_heads_bounded_host_us_behind_20ms"] = host_us_behind(
+        lambda: sparse_attention(q, bounded, sink)
+    )
     return row
 
 

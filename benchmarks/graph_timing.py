@@ -60,3 +60,23 @@ def eager_us(fn, warmup: int = 3, rep: int = 20) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def host_us_behind(fn, busy_cycles: int = 40_000_000, rep: int = 7) -> float:
+    """Median microseconds the host spends in one eager call of fn() issued while the GPU still
+    has `busy_cycles` of queued work (`torch.cuda._sleep`: ~20 ms at 1.98 GHz). Without a host
+    sync in fn this is its launch cost; with one it includes waiting for the queue to drain,
+    which is what a served forward, whose host runs layers ahead of the GPU, loses at each
+    such call."""
+    import time
+
+    fn()
+    times = []
+    for _ in range(rep):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(busy_cycles)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2]

@@ -125,6 +125,11 @@ class SparseKV:
     topk_decoded  the records of topk_slots already decoded (DecodedRecords), or None; only the
                 torch reference reads it (layers that share a top-k list decode it once), the
                 fast paths read the records
+    max_slots   an upper bound on the distinct slots both lists reference together (host int),
+                or None: sizes a prefill's workspace of dequantized records without a host
+                sync (kernels.sparse_attn.triton_workspace; the served layer's bound is
+                serving.context.slots_bound). A bound below the truth turns the affected
+                tokens' outputs NaN on that route, never silently wrong.
     """
 
     swa_cache: Tensor | None
@@ -133,6 +138,7 @@ class SparseKV:
     topk_slots: Tensor | None
     kv_layout: Layout
     topk_decoded: DecodedRecords | None = None
+    max_slots: int | None = None
 
     def __post_init__(self):
         _need(
@@ -149,6 +155,12 @@ class SparseKV:
                 _need(slots.dim() == 2, f"{name}_slots", f"[T, N], got {tuple(slots.shape)}")
             if cache is not None:
                 _need(cache.dtype == torch.uint8, f"{name}_cache", f"uint8, got {cache.dtype}")
+        if self.max_slots is not None:
+            _need(
+                isinstance(self.max_slots, int) and self.max_slots >= 0,
+                "max_slots",
+                f"a host int >= 0, got {self.max_slots!r}",
+            )
         if self.topk_decoded is not None:
             _need(
                 self.topk_slots is not None

@@ -92,5 +92,6 @@ def sparse_attention(
         scale,
         out,
         out_dtype,
+        max_slots=kv.max_slots,
         **launch,
     )

@@ -119,7 +119,8 @@ def prefill(q: Tensor, kv: SparseKV, attn_sink: Tensor | None, scale: float) -> 
     T, H, D = q.shape
     sink = None if attn_sink is None else attn_sink.float().contiguous()
     out = None
-    for t0, t1, ws, rows in workspaces(*kv.flat(T, D, q.device), kv.kv_layout is Layout.V41_FP4, D):
+    fp4 = kv.kv_layout is Layout.V41_FP4
+    for t0, t1, ws, rows in workspaces(*kv.flat(T, D, q.device), fp4, D, max_slots=kv.max_slots):
         o, _, _ = flash_mla.flash_mla_sparse_fwd(
             q=q[t0:t1].contiguous(),
             kv=ws.view(-1, 1, D),

@@ -180,6 +180,7 @@ def sparse_attention(
     scale: float,
     out: torch.Tensor | None,
     out_dtype: torch.dtype = torch.bfloat16,
+    max_slots: int | None = None,
     **launch,
 ):
     """Launch; arguments as validated by `kernels.sparse_attn.sparse_attention`.
@@ -190,7 +191,8 @@ def sparse_attention(
     topk_slots int32 [T, TOPK]; attn_sink fp32 [H] (this rank's heads) or None; out [T, H, D]
     (bf16 or fp32) written in place, or None: a new out_dtype tensor is returned (the FlashMLA
     route then returns FlashMLA's own output, no copy). W or TOPK may be 0 (pass a dummy
-    cache). `launch`: fields of `Plan` to override.
+    cache). max_slots: `SparseKV.max_slots` (the workspace routes' bound, no host sync).
+    `launch`: fields of `Plan` to override.
     """
     T, H, D = q.shape
     exact = q.dtype == torch.float32
@@ -225,7 +227,7 @@ def sparse_attention(
 
         return triton_flashmla.sparse_attention(
             q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
-            plan.private,
+            plan.private, max_slots,
         )  # fmt: skip
     if out is None:
         out = torch.empty(T, H, D, dtype=out_dtype, device=q.device)
@@ -235,7 +237,9 @@ def sparse_attention(
         from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
 
         empty = swa_slots[:, :0]
-        for t0, t1, ws, rows in tw.workspaces(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, D):
+        for t0, t1, ws, rows in tw.workspaces(
+            swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, D, max_slots=max_slots
+        ):
             _launch(q[t0:t1], swa_flat, empty[t0:t1], ws, rows, BF16, attn_sink, scale,
                     out[t0:t1], plan)  # fmt: skip
         return out

@@ -29,13 +29,14 @@ def available() -> bool:
 
 def sparse_attention(
     q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
-    private=False,
+    private=False, max_slots=None,
 ):  # fmt: skip
     """Same contract as `triton.sparse_attention`, for q bf16 [T, H, 512] on SM90, H <= 64
     (padded to 64) or 128. With out None and bf16 out_dtype, FlashMLA's own output is returned
     when one chunk covers T (no copy: 2 x T x H x D x 2 bytes, ~130 us at 4096 x 64 heads;
     padded, the view of its first H heads, not contiguous). private: one workspace row per
-    (token, entry) (`build_private_workspace`), for decode."""
+    (token, entry) (`build_private_workspace`), for decode. max_slots: the caller's bound on
+    the distinct slots referenced (`triton_workspace.workspaces`)."""
     import flash_mla
 
     T, H, D = q.shape
@@ -51,7 +52,7 @@ def sparse_attention(
             attn_sink = torch.cat((attn_sink, attn_sink.new_zeros(pad)))
     q = q if q.is_contiguous() else q.contiguous()  # FlashMLA reads q densely
     for t0, t1, ws, rows in workspaces(
-        swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, D, private
+        swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, D, private, max_slots
     ):
         o = flash_mla.flash_mla_sparse_fwd(
             q[t0:t1],

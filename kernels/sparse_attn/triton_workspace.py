@@ -42,13 +42,19 @@ ROW_ALIGN = 64  # entry lists are padded to a multiple of 64 (FlashMLA walks blo
 MAX_ROWS = 1 << 18  # workspace rows per chunk of tokens: 256 MB of bf16 at D = 512
 
 
-def token_chunks(swa_flat, swa_slots, kv_flat, topk_slots, private: bool = False) -> list:
+def token_chunks(
+    swa_flat, swa_slots, kv_flat, topk_slots, private: bool = False, max_slots: int | None = None
+) -> list:
     """[(t0, t1)]: token ranges whose workspace stays under MAX_ROWS rows. One range unless both
-    the slots the tokens may reference and T x N reach MAX_ROWS (private: unless T x N does)."""
+    the slots the tokens may reference (the caches' slots, or max_slots when given: the
+    caller's bound on the distinct slots the lists hold) and T x N reach MAX_ROWS (private:
+    unless T x N does)."""
     T, W = swa_slots.shape
     TOPK = topk_slots.shape[1]
     N = W + TOPK
     bound = (swa_flat.shape[0] if W else 0) + (kv_flat.shape[0] if TOPK else 0)
+    if max_slots is not None:
+        bound = min(bound, max_slots)
     if private:
         bound = T * N
     step = T if min(bound, T * N) < MAX_ROWS else max(1, MAX_ROWS // max(N, 1))
@@ -102,21 +108,25 @@ def owner_kernel(swa_ptr, topk_ptr, mark_ptr, own_ptr, W, TOPK, S1, S2, N, BN: t
 @triton.jit
 def remap_kernel(
     swa_ptr, topk_ptr, mark_ptr, rank_ptr, rows_ptr, swa_list_ptr, kv_list_ptr,
-    W, TOPK, S1, S2, N, n_pad, R, BN: tl.constexpr,
+    W, TOPK, S1, S2, N, n_pad, R, NAN_ROW, BN: tl.constexpr,
 ):  # fmt: skip
     """Token t's rows [n_pad]: rank[mark[c]] (inclusive ranks: minus 1) where valid, -1 else and
     in the padding, R - 1 in column 0 when nothing is valid; each owner writes its slot into
-    swa_list / kv_list at its row (the one that holds it; both were filled with -1)."""
+    swa_list / kv_list at its row (the one that holds it; both were filled with -1). An entry
+    whose row would pass the workspace (R - 1 data rows: a caller's max_slots below the slots
+    actually referenced) reads row NAN_ROW instead, so its token's output is NaN, never
+    silently wrong, and nothing is written out of bounds."""
     t = tl.program_id(0)
     o_j = tl.arange(0, BN)
     c = _entry_slots(swa_ptr, topk_ptr, t, o_j, W, TOPK, S1, S2)
     m = (o_j < N) & (c >= 0)
     owner = tl.load(mark_ptr + c, mask=m, other=0)
     row = tl.load(rank_ptr + owner, mask=m, other=0) - 1
-    rows = tl.where(m, row, -1)
+    over = m & (row >= R - 1)
+    rows = tl.where(m, tl.where(over, NAN_ROW, row), -1)
     rows = tl.where((o_j == 0) & (tl.max(m.to(tl.int32), 0) == 0), R - 1, rows)
     tl.store(rows_ptr + t.to(tl.int64) * n_pad + o_j, rows, mask=o_j < n_pad)
-    mine = m & (owner == t * N + o_j)
+    mine = m & (owner == t * N + o_j) & ~over
     tl.store(swa_list_ptr + row, c.to(tl.int32), mask=mine & (c < S1))
     tl.store(kv_list_ptr + row, (c - S1).to(tl.int32), mask=mine & (c >= S1))
 
@@ -152,11 +162,16 @@ def dequant_pick_kernel(
         tl.store(p_ws, k2.to(tl.bfloat16), mask=(s_kv >= 0)[:, None])
 
 
-def _fill_picked(swa_flat, swa_list, kv_flat, kv_list, kv_fp4: bool, D: int, R: int):
-    """ws bf16 [R, D]: row i < len(lists) from `dequant_pick_kernel`, row R - 1 zeros."""
+def _fill_picked(
+    swa_flat, swa_list, kv_flat, kv_list, kv_fp4: bool, D: int, R: int, nan_row: bool = False
+):
+    """ws bf16 [R, D] (nan_row: [R + 1, D], row R NaN): row i < len(lists) from
+    `dequant_pick_kernel`, row R - 1 zeros."""
     M = swa_list.numel()
-    ws = torch.empty(R, D, dtype=torch.bfloat16, device=swa_list.device)
+    ws = torch.empty(R + int(nan_row), D, dtype=torch.bfloat16, device=swa_list.device)
     ws[R - 1].zero_()
+    if nan_row:
+        ws[R].fill_(float("nan"))
     if M:
         BS = 16
         dequant_pick_kernel[(triton.cdiv(M, BS),)](
@@ -175,25 +190,34 @@ def _rows(valid, row, n_pad: int, R: int):
     return rows
 
 
-def workspaces(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int, private=False):
+def workspaces(
+    swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int, private=False,
+    max_slots: int | None = None,
+):  # fmt: skip
     """Yield (t0, t1, ws, rows): the workspace (`build_workspace`, or `build_private_workspace`
     when private) of tokens t0 .. t1 - 1, in chunks of at most MAX_ROWS rows (`token_chunks`,
-    from the static bound min(cache slots, T N)). Outside CUDA-graph capture, when that bound
-    needs several chunks, all T tokens are first tried at once, sized to the slots they
-    reference (one host sync): a prefill chunk of a served pool references far fewer slots than
-    T N, and each chunk costs its own launches (eager prefill at 1 M main-KV slots: 8.7 ms in 11
-    chunks, benchmarks/RESULTS.md)."""
+    from the static bound min(cache slots, max_slots, T N)). max_slots: the caller's bound on
+    the distinct slots the lists reference (the served layer's, from the batch's sequence
+    lengths, known on the host): a served pool holds millions of slots, a prefill chunk
+    references thousands, so with it one chunk usually covers the call without a host sync.
+    Outside CUDA-graph capture, when the bound needs several chunks, all T tokens are first
+    tried at once, sized to the slots they reference (one host sync): each chunk costs its own
+    launches (eager prefill at 1 M main-KV slots: 8.7 ms in 11 chunks, benchmarks/RESULTS.md)."""
     T = swa_slots.shape[0]
     capturing = swa_slots.is_cuda and torch.cuda.is_current_stream_capturing()
-    chunks = token_chunks(swa_flat, swa_slots, kv_flat, topk_slots, private)
+    chunks = token_chunks(swa_flat, swa_slots, kv_flat, topk_slots, private, max_slots)
     if not private and not capturing and T and len(chunks) > 1:
         one = build_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, D, True)
         if one is not None:
             yield 0, T, *one
             return
-    build = build_private_workspace if private else build_workspace
     for t0, t1 in chunks:
-        yield t0, t1, *build(swa_flat, swa_slots[t0:t1], kv_flat, topk_slots[t0:t1], kv_fp4, D)
+        sw, tk = swa_slots[t0:t1], topk_slots[t0:t1]
+        if private:
+            built = build_private_workspace(swa_flat, sw, kv_flat, tk, kv_fp4, D)
+        else:
+            built = build_workspace(swa_flat, sw, kv_flat, tk, kv_fp4, D, max_slots=max_slots)
+        yield t0, t1, *built
 
 
 def build_private_workspace(swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int):
@@ -217,8 +241,9 @@ def _claim_array(n: int, dev) -> torch.Tensor:
 
 
 def build_workspace(
-    swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int, exact_size: bool = False
-):
+    swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, D: int, exact_size: bool = False,
+    max_slots: int | None = None,
+):  # fmt: skip
     """(ws bf16 [R, D], rows int32 [T, N']): the referenced records dequantized once, and each
     token's entries as workspace rows (-1 = skip), N' = W + TOPK rounded up to 64 (the module
     docstring's steps).
@@ -227,6 +252,9 @@ def build_workspace(
     topk_slots int32 [T, TOPK] (-1 = skip). Row R - 1 is zeros: a token with no entry points
     there (its output is then 0, as the reference gives). R = min(S1 + S2, T N) + 1, or with
     exact_size U + 1 for the U referenced slots (one host sync; None when that passes MAX_ROWS).
+    max_slots (the caller's bound on U, no sync): R = min(S1 + S2, T N, max_slots) + 1, and
+    where it is the smaller one ws has a row R of NaN, which an entry past the bound reads
+    (`remap_kernel`: its token's output turns NaN; nothing is written out of bounds).
     """
     T, W = swa_slots.shape
     TOPK = topk_slots.shape[1]
@@ -245,6 +273,9 @@ def build_workspace(
         owner_kernel[grid](swa_slots, topk_slots, mark, own, W, TOPK, S1, S2, N, BN=BN)
     rank = torch.cumsum(own, 0, dtype=torch.int32)  # inclusive: row = rank - 1
     R = min(S1 + S2, T * N) + 1
+    guard = not exact_size and max_slots is not None and max_slots + 1 < R
+    if guard:
+        R = max(max_slots, 0) + 1
     if exact_size:
         R = (int(rank[-1]) if T * N else 0) + 1  # the host sync
         if R > MAX_ROWS:
@@ -256,7 +287,9 @@ def build_workspace(
         BLK = triton.next_power_of_2(max(n_pad, 1))
         remap_kernel[(T,)](
             swa_slots, topk_slots, mark, rank, rows, swa_list, kv_list,
-            W, TOPK, S1, S2, N, n_pad, R, BN=BLK,
+            W, TOPK, S1, S2, N, n_pad, R, R if guard else R - 1, BN=BLK,
         )  # fmt: skip
-    ws = _fill_picked(swa_flat, swa_list[: R - 1], kv_flat, kv_list[: R - 1], kv_fp4, D, R)
+    ws = _fill_picked(
+        swa_flat, swa_list[: R - 1], kv_flat, kv_list[: R - 1], kv_fp4, D, R, nan_row=guard
+    )
     return ws, rows

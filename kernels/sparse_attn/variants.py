@@ -5,6 +5,8 @@ q (`variants_for`; the GPU tests run each, benchmarks/bench_attention.py --sweep
 from __future__ import annotations
 
 import dataclasses
+import functools
+from types import MappingProxyType
 
 import triton
 
@@ -56,10 +58,11 @@ class Plan:
     wide: bool = False
 
 
-def _variants(H: int) -> dict:
+@functools.cache
+def _variants(H: int) -> MappingProxyType:
     """The kernel variants `plan_for` chooses from at H heads, measured on the H200
     (benchmarks/RESULTS.md): 16 or 32 heads per program (8-32 heads, and 64 heads at batch < 8),
-    or 64 (64 heads and up)."""
+    or 64 (64 heads and up). Built once per H (a read-only view: `plan_for` runs every call)."""
     bh = max(16, triton.next_power_of_2(H)) if H <= 32 else 16
     small = {
         "direct_n32": Plan(block_h=bh, block_n=32, num_warps=4 if bh <= 16 else 8, swap=False),
@@ -96,8 +99,8 @@ def _variants(H: int) -> dict:
             block_h=64, block_n=64, num_warps=12, swap=False, cuda=True, wg64=True, per_sm=1
         )
     if H <= 32:  # and FlashMLA's sparse prefill over the workspace, the heads padded to 64
-        return small | cuda | {"flashmla": _FLASHMLA}
-    return cuda | {
+        return MappingProxyType(small | cuda | {"flashmla": _FLASHMLA})
+    many_heads = {
         "direct64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False),
         "direct64_n64": Plan(block_h=64, block_n=64, num_warps=8, swap=False),
         "skew64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False, skew=True),
@@ -108,12 +111,14 @@ def _variants(H: int) -> dict:
             block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True, private=True
         ),
     }
+    return MappingProxyType(cuda | many_heads)
 
 
 _FLASHMLA = Plan(block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True)
 
 
-def _exact_variants(H: int) -> dict:
+@functools.cache
+def _exact_variants(H: int) -> MappingProxyType:
     """The exact path's variants (fp32 q) at H heads: 16-head programs (with q's three parts,
     32 or 64 heads per program need more than the SM's 227 KB of shared memory), no FlashMLA
     (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
@@ -121,7 +126,7 @@ def _exact_variants(H: int) -> dict:
     its half build too)."""
     v = {k: p for k, p in _variants(8).items() if not (p.flashmla or p.skew)}
     v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
-    return v
+    return MappingProxyType(v)
 
 
 def variants_for(H: int, exact: bool = False) -> dict:

@@ -119,7 +119,7 @@ def attend(attn, q, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
         decoded = topk_decoded(attn, kv, top, ctx)
     return sparse_attention(
         attn.attention_in(q),
-        SparseKV(swa[0], swa[1], kv, top, cfg.main_kv_layout, decoded),
+        SparseKV(swa[0], swa[1], kv, top, cfg.main_kv_layout, decoded, ctx.max_slots),
         attn.attn_sink,
         attn.scale,
         out_dtype=attn.attn_dtype or compute_dtype(q),

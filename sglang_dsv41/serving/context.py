@@ -114,7 +114,9 @@ class BatchContext:
     of the batch, or the slot table's width under CUDA graphs); floors int64 [B] decoder SWA
     floor per request (bounded replay; 0 = full forward); out_loc int64 [T] full slots of the
     batch rows; replaying: some row lies below its request's floor (host flag, set for extend
-    batches; decode rows never do).
+    batches; decode rows never do); max_slots: `slots_bound` of the batch (host int, set for
+    extend batches), the bound that sizes a prefill's attention workspace without a host sync
+    (kernels.args.SparseKV.max_slots).
     """
 
     rows: Rows
@@ -125,6 +127,7 @@ class BatchContext:
     floors: torch.Tensor
     out_loc: torch.Tensor
     replaying: bool = False
+    max_slots: int | None = None
     shared: ForwardShared = field(default_factory=ForwardShared)
 
     @property
@@ -133,6 +136,14 @@ class BatchContext:
 
     def row_floors(self, rows: Rows) -> torch.Tensor:
         return self.floors[rows.req]
+
+
+def slots_bound(seq_lens) -> int:
+    """An upper bound on the distinct cache slots one layer's sparse attention reads in a batch
+    whose requests hold seq_lens tokens after this forward (host ints or a CPU tensor): request
+    r's window slots are one per position (< seq_r of them), and its top-k entries index its
+    own compressed entries (at most one per position, ratio >= 1), so 2 sum(seq_r)."""
+    return 2 * int(sum(int(s) for s in seq_lens))
 
 
 def build_rows(prefix_lens: list, extend_lens: list, device="cpu") -> Rows:

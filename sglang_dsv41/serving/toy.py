@@ -14,7 +14,7 @@ import torch
 
 from sglang_dsv41.layers.dtypes import compute_dtype, upcast
 from sglang_dsv41.serving.buffers import RecordBuffers
-from sglang_dsv41.serving.context import BatchContext, build_rows, decode_context
+from sglang_dsv41.serving.context import BatchContext, build_rows, decode_context, slots_bound
 from sglang_dsv41.serving.layer_loop import run_layers
 
 PAGE = 2
@@ -131,6 +131,7 @@ class ToyEngine:
             floors=floors_t,
             out_loc=out_t,
             replaying=bool((rows.pos < floors_t[rows.req]).any()),
+            max_slots=slots_bound(seq),
         )
         return ids, ctx, last
 

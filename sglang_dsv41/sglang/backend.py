@@ -20,7 +20,12 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_dsv41.serving.context import BatchContext, decode_context, rows_from_lens
+from sglang_dsv41.serving.context import (
+    BatchContext,
+    decode_context,
+    rows_from_lens,
+    slots_bound,
+)
 
 BACKEND_NAME = "dsv41"
 
@@ -73,6 +78,7 @@ class DSV41AttnBackend(AttentionBackend):
             floors=floors,
             out_loc=out_loc,
             replaying=replaying,
+            max_slots=slots_bound(seq_cpu),
         )
 
     # ------------------------------------------------------------------ CUDA graphs (decode)

@@ -130,3 +130,30 @@ def test_attention_dtype_switch_rounds_q_and_o(model):
         set_attention_dtype(model, None)
     assert not torch.equal(rounded, exact)
     assert torch.equal(model(ids), exact)  # switched off again
+
+
+@torch.no_grad()
+def test_extend_batches_bound_the_slots_attention_reads(model, monkeypatch):
+    """Every extend batch's sparse-attention call carries the batch's slots_bound (the served
+    layer's bound that sizes a prefill workspace without a host sync), and the distinct SWA and
+    main-KV slots the call's lists reference stay within it; decode calls carry none."""
+    from sglang_dsv41.serving import attention as served
+
+    seen = []
+    inner = served.sparse_attention
+
+    def spy(q, kv, *args, **kw):
+        n = 0
+        for slots in (kv.swa_slots, kv.topk_slots):
+            if slots is not None:
+                n += int(torch.unique(slots[slots >= 0]).numel())
+        seen.append((q.shape[0], n, kv.max_slots))
+        return inner(q, kv, *args, **kw)
+
+    monkeypatch.setattr(served, "sparse_attention", spy)
+    prompts = _prompts([3, 20, 41], seed=4)
+    got = _serve(ToyEngine(model), prompts, 3, chunk=7)
+    assert got == [model.generate(p, 3, replay=False) for p in prompts]
+    bounded = [(n, m) for _, n, m in seen if m is not None]
+    assert bounded and all(n <= m for n, m in bounded)
+    assert max(n for n, _ in bounded) > 0 and any(m is None for _, _, m in seen)

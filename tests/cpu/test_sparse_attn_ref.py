@@ -416,3 +416,64 @@ def test_combine_in_column_chunks_interpreted():
         want = (part.float() * w[..., None]).sum(1) / torch.where(den > 0, den, 1.0)[..., None]
         assert torch.allclose(out, want, rtol=1e-5, atol=1e-6)
         assert (out[2] == 0).all()
+
+
+def test_sparse_kv_max_slots_is_a_host_int():
+    """SparseKV.max_slots: a non-negative host int or None; anything else names the field."""
+    q, swa, sw, kv, tk = _case()
+    assert SparseKV(swa, sw, kv, tk, Layout.V41_FP4, max_slots=0).max_slots == 0
+    for bad in (-1, 2.5, torch.tensor(3)):
+        with pytest.raises(ValueError, match="max_slots"):
+            SparseKV(swa, sw, kv, tk, Layout.V41_FP4, max_slots=bad)
+
+
+@pytest.mark.triton_interpret
+def test_workspace_bound_by_max_slots_interpreted(monkeypatch):
+    """A caller's bound on the referenced slots (SparseKV.max_slots; the served layer's
+    serving.context.slots_bound) sizes the workspace without the host sync: at or above the
+    truth, one chunk of max_slots + 1 rows plus a NaN row, and the attention over it equals the
+    reference; below it, exactly the tokens with an entry past the bound come out NaN (they read
+    the NaN row), the others still equal the reference, and nothing is written out of bounds."""
+    from sglang_dsv41.kernels.sparse_attn import triton as tri
+    from sglang_dsv41.kernels.sparse_attn import triton_workspace as tw
+
+    D, T, W, TOPK, S1, S2, H = 64, 5, 6, 9, 300, 500, 16
+    swa, sw, kv, tk = _workspace_case(Layout.V41_FP4, D, T, W, TOPK, S1, S2)
+    n_ref = len(set(sw[sw >= 0].tolist())) + len(set(tk[tk >= 0].tolist()))
+    monkeypatch.setattr(tw, "MAX_ROWS", n_ref + 8)  # the static bound T N needs chunks
+    assert len(tw.token_chunks(swa, sw, kv, tk)) > 1
+    synced = []
+    exact = tw.build_workspace
+    monkeypatch.setattr(
+        tw, "build_workspace", lambda *a, **k: synced.append(a[6:]) or exact(*a, **k)
+    )
+    q = torch.randn(T, H, D).to(torch.bfloat16)
+    sink = torch.randn(H)
+    ref = sparse_attention_ref(
+        q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), sink, None, torch.float32
+    )
+    for bound in (n_ref, n_ref + 3):
+        (t0, t1, ws, rows), *more = list(tw.workspaces(swa, sw, kv, tk, True, D, max_slots=bound))
+        assert (t0, t1) == (0, T) and not more and ws.shape == (bound + 2, D)
+        assert ws[bound + 1].isnan().all() and not (rows == bound + 1).any()
+        out = torch.full((T, H, D), float("nan"))
+        tri.sparse_attention(
+            q, swa, sw, kv, tk, True, sink, D**-0.5, out, max_slots=bound,
+            workspace=True, block_h=16, num_warps=4, block_n=16,
+        )  # fmt: skip
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+    assert not any(args and args[0] for args in synced)  # never the exact-size (sync) build
+    bound = n_ref - 4
+    ws, rows = tw.build_workspace(swa, sw, kv, tk, True, D, max_slots=bound)
+    assert ws.shape == (bound + 2, D)
+    over = (rows == bound + 1).any(dim=1)
+    assert over.any() and not over.all()
+    kept = rows[:, : W + TOPK]
+    assert ((kept >= -1) & (kept <= bound + 1)).all()
+    out = torch.full((T, H, D), 0.0)
+    tri.sparse_attention(
+        q, swa, sw, kv, tk, True, sink, D**-0.5, out, max_slots=bound,
+        workspace=True, block_h=16, num_warps=4, block_n=16,
+    )  # fmt: skip
+    assert out[over].isnan().all() and not out[~over].isnan().any()
+    assert torch.allclose(out[~over], ref[~over], rtol=1e-5, atol=1e-6)
