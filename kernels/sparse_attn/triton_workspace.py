@@ -111,8 +111,9 @@ def remap_kernel(
     W, TOPK, S1, S2, N, n_pad, R, NAN_ROW, BN: tl.constexpr,
 ):  # fmt: skip
     """Token t's rows [n_pad]: rank[mark[c]] (inclusive ranks: minus 1) where valid, -1 else and
-    in the padding, R - 1 in column 0 when nothing is valid; each owner writes its slot into
-    swa_list / kv_list at its row (the one that holds it; both were filled with -1). An entry
+    in the padding, R - 1 in column 0 when nothing is valid; each owner writes both lists at its
+    row, its slot into the one of its cache and -1 into the other (so the lists need no filling:
+    every row below the owners' count is written). An entry
     whose row would pass the workspace (R - 1 data rows: a caller's max_slots below the slots
     actually referenced) reads row NAN_ROW instead, so its token's output is NaN, never
     silently wrong, and nothing is written out of bounds."""
@@ -127,8 +128,8 @@ def remap_kernel(
     rows = tl.where((o_j == 0) & (tl.max(m.to(tl.int32), 0) == 0), R - 1, rows)
     tl.store(rows_ptr + t.to(tl.int64) * n_pad + o_j, rows, mask=o_j < n_pad)
     mine = m & (owner == t * N + o_j) & ~over
-    tl.store(swa_list_ptr + row, c.to(tl.int32), mask=mine & (c < S1))
-    tl.store(kv_list_ptr + row, (c - S1).to(tl.int32), mask=mine & (c >= S1))
+    tl.store(swa_list_ptr + row, tl.where(c < S1, c, -1).to(tl.int32), mask=mine)
+    tl.store(kv_list_ptr + row, tl.where(c >= S1, c - S1, -1).to(tl.int32), mask=mine)
 
 
 @triton.jit
@@ -137,17 +138,25 @@ def dequant_pick_kernel(
     swa_list_ptr,  # int32 [M]: a SWA slot, or -1
     kv_ptr,  # uint8 [S2, KV_RS] records in KV_FMT
     kv_list_ptr,  # int32 [M]: a main-KV slot, or -1 (where the SWA list has one)
-    ws_ptr,  # bf16 [>= M, D]
+    ws_ptr,  # bf16 [> max(M - 1, ZERO_ROW, NAN_ROW), D]
     M,
+    count_ptr,  # int32: with HAS_COUNT, count_ptr[0] = the lists' written rows (<= M or not)
+    ZERO_ROW,
+    NAN_ROW,  # -1: none
     D: tl.constexpr,
     KV_RS: tl.constexpr,
     KV_FMT: tl.constexpr,
     BS: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
 ):
     """ws[i] = SWA record swa_list[i] dequantized, or main-KV record kv_list[i] (at most one of
-    the two is >= 0), for this program's BS rows i; rows where both hold -1 are left alone."""
+    the two is >= 0), for this program's BS rows i < M (and < count_ptr[0] with HAS_COUNT: the
+    lists hold garbage past it); rows where both hold -1 are left alone; row ZERO_ROW zeros, row
+    NAN_ROW NaN (the workspace's special rows, so that it needs no fill of its own)."""
     o_i = tl.program_id(0) * BS + tl.arange(0, BS)
     m_i = o_i < M
+    if HAS_COUNT:
+        m_i = m_i & (o_i < tl.load(count_ptr))
     s_swa = tl.load(swa_list_ptr + o_i, mask=m_i, other=-1)
     s_kv = tl.load(kv_list_ptr + o_i, mask=m_i, other=-1)
     o_d = tl.arange(0, D)
@@ -160,24 +169,28 @@ def dequant_pick_kernel(
         v2, c2 = raw(kv_ptr, KV_RS, s_kv, D, KV_FMT)
         k2 = deq(v2, c2, D, BS, tl.float32, KV_FMT)
         tl.store(p_ws, k2.to(tl.bfloat16), mask=(s_kv >= 0)[:, None])
+    special = (o_i == ZERO_ROW) | (o_i == NAN_ROW)
+    if tl.max(special.to(tl.int32), 0) > 0:
+        val = tl.where(o_i == NAN_ROW, float("nan"), 0.0)
+        tl.store(p_ws, (val[:, None] + tl.zeros([BS, D], tl.float32)).to(tl.bfloat16),
+                 mask=special[:, None])  # fmt: skip
 
 
 def _fill_picked(
-    swa_flat, swa_list, kv_flat, kv_list, kv_fp4: bool, D: int, R: int, nan_row: bool = False
-):
+    swa_flat, swa_list, kv_flat, kv_list, kv_fp4: bool, D: int, R: int, nan_row: bool = False,
+    count: torch.Tensor | None = None,
+):  # fmt: skip
     """ws bf16 [R, D] (nan_row: [R + 1, D], row R NaN): row i < len(lists) from
-    `dequant_pick_kernel`, row R - 1 zeros."""
+    `dequant_pick_kernel` (only i < count[0] when count, int32 on device, is given), row R - 1
+    zeros; one launch."""
     M = swa_list.numel()
     ws = torch.empty(R + int(nan_row), D, dtype=torch.bfloat16, device=swa_list.device)
-    ws[R - 1].zero_()
-    if nan_row:
-        ws[R].fill_(float("nan"))
-    if M:
-        BS = 16
-        dequant_pick_kernel[(triton.cdiv(M, BS),)](
-            swa_flat, swa_list, kv_flat, kv_list, ws, M,
-            D=D, KV_RS=kv_flat.shape[1], KV_FMT=int(kv_fp4), BS=BS,
-        )  # fmt: skip
+    BS = 16
+    dequant_pick_kernel[(triton.cdiv(R + int(nan_row), BS),)](
+        swa_flat, swa_list, kv_flat, kv_list, ws, M, swa_list if count is None else count,
+        R - 1, R if nan_row else -1,
+        D=D, KV_RS=kv_flat.shape[1], KV_FMT=int(kv_fp4), BS=BS, HAS_COUNT=count is not None,
+    )  # fmt: skip
     return ws
 
 
@@ -281,8 +294,9 @@ def build_workspace(
         if R > MAX_ROWS:
             return None
     rows = torch.empty(T, n_pad, dtype=torch.int32, device=dev)
-    swa_list = torch.full((R,), -1, dtype=torch.int32, device=dev)  # row R - 1: never written
-    kv_list = torch.full((R,), -1, dtype=torch.int32, device=dev)
+    # written by the owners below their count (remap_kernel), read only there (dequant_pick)
+    swa_list = torch.empty((R,), dtype=torch.int32, device=dev)
+    kv_list = torch.empty((R,), dtype=torch.int32, device=dev)
     if T:
         BLK = triton.next_power_of_2(max(n_pad, 1))
         remap_kernel[(T,)](
@@ -290,6 +304,7 @@ def build_workspace(
             W, TOPK, S1, S2, N, n_pad, R, R if guard else R - 1, BN=BLK,
         )  # fmt: skip
     ws = _fill_picked(
-        swa_flat, swa_list[: R - 1], kv_flat, kv_list[: R - 1], kv_fp4, D, R, nan_row=guard
-    )
+        swa_flat, swa_list[: R - 1], kv_flat, kv_list[: R - 1], kv_fp4, D, R, nan_row=guard,
+        count=rank[-1:] if T * N else None,
+    )  # fmt: skip
     return ws, rows
