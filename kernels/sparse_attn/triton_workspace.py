@@ -113,10 +113,10 @@ def remap_kernel(
     """Token t's rows [n_pad]: rank[mark[c]] (inclusive ranks: minus 1) where valid, -1 else and
     in the padding, R - 1 in column 0 when nothing is valid; each owner writes both lists at its
     row, its slot into the one of its cache and -1 into the other (so the lists need no filling:
-    every row below the owners' count is written). An entry
-    whose row would pass the workspace (R - 1 data rows: a caller's max_slots below the slots
-    actually referenced) reads row NAN_ROW instead, so its token's output is NaN, never
-    silently wrong, and nothing is written out of bounds."""
+    every row below the owners' count is written). An entry whose row would pass the workspace
+    (R - 1 data rows: a caller's max_slots below the slots actually referenced) reads row
+    NAN_ROW instead, so its token's output is NaN, never silently wrong, and nothing is written
+    out of bounds."""
     t = tl.program_id(0)
     o_j = tl.arange(0, BN)
     c = _entry_slots(swa_ptr, topk_ptr, t, o_j, W, TOPK, S1, S2)
