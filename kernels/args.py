@@ -173,15 +173,16 @@ class SparseKV:
         """The caches as rows of records and the slot lists as int32 [T, N] with unit stride,
         what the Triton / CUDA kernels take: an absent list is [T, 0] on `dev`, its cache one
         dummy byte row."""
-        empty = torch.empty(T, 0, dtype=torch.int32, device=dev)
-        dummy = torch.empty(1, 1, dtype=torch.uint8, device=dev)
         parts = []
         for cache, slots, layout, name in (
             (self.swa_cache, self.swa_slots, Layout.V41, "swa_slots"),
             (self.kv_cache, self.topk_slots, self.kv_layout, "topk_slots"),
         ):
-            if slots is None:
-                parts += [dummy, empty]
+            if slots is None:  # made only when needed: a served call pays per tensor made
+                parts += [
+                    torch.empty(1, 1, dtype=torch.uint8, device=dev),
+                    torch.empty(T, 0, dtype=torch.int32, device=dev),
+                ]
                 continue
             _need(slots.shape[0] == T, name, f"[T={T}, N], got {tuple(slots.shape)}")
             slots = slots if slots.dtype == torch.int32 else slots.to(torch.int32)
