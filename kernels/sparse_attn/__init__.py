@@ -56,7 +56,9 @@ def sparse_attention(
     attn_sink fp32 [H] (unscaled logit of a zero value) or None; scale defaults to D^-0.5.
     Returns `out`, or when it is None a new out_dtype (bf16 / fp32) tensor (on the FlashMLA
     route FlashMLA's own output, not copied: with fewer than 64 heads, padded to 64 there, the
-    view of its first H heads). No host syncs: graph-capturable.
+    view of its first H heads). Graph-capturable: no host syncs, except eagerly where a prefill
+    workspace's static bound (min(cache slots, kv.max_slots, T N)) passes 256 MB, which is then
+    sized to the slots referenced (one sync; `triton_workspace.workspaces`).
     `launch` passes tuning knobs to the Triton launcher (num_splits, block_n, num_warps, ...).
     """
     T, H, D = q.shape

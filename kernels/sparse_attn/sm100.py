@@ -17,7 +17,8 @@ checks it against the reference on a B200.
         flash_mla_sparse_fwd over a bf16 workspace holding each distinct referenced record once
         (`triton_workspace`, the SM90 route's: dequantized exactly, each token's list as
         workspace rows padded to 64, a token that sees nothing pointed at a zero row), in
-        chunks of at most MAX_ROWS rows (sized to the referenced slots: one host sync).
+        chunks of at most MAX_ROWS rows by the bound min(cache slots, kv.max_slots, T N), or
+        sized to the referenced slots where that bound needs chunks (one host sync).
 
 FlashMLA's V4.1 records are this package's records (kv/records.py, byte-identical to SGLang's
 writers): per token the data bytes, then the scale bytes. Limits: D = 512, H in (64, 128),

@@ -141,7 +141,7 @@ class BatchContext:
 def slots_bound(seq_lens) -> int:
     """An upper bound on the distinct cache slots one layer's sparse attention reads in a batch
     whose requests hold seq_lens tokens after this forward (host ints or a CPU tensor): request
-    r's window slots are one per position (< seq_r of them), and its top-k entries index its
+    r's window slots are one per position (at most seq_r), and its top-k entries index its
     own compressed entries (at most one per position, ratio >= 1), so 2 sum(seq_r)."""
     return 2 * int(sum(int(s) for s in seq_lens))
 

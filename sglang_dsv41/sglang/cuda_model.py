@@ -31,7 +31,12 @@ from sglang.srt.runtime_context import get_exec
 from sglang_dsv41.config import ConfigError
 from sglang_dsv41.sglang.cuda_attention import DSV41CudaAttention
 from sglang_dsv41.sglang.intree_config import intree_config, intree_quant_config
-from sglang_dsv41.sglang.options import ATTN_DTYPE_ENV, ServingOptions, register_served
+from sglang_dsv41.sglang.options import (
+    ATTN_DTYPE_ENV,
+    INTREE_ATTN_DEFAULT,
+    ServingOptions,
+    register_served,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +84,7 @@ class DeepseekV41ForCausalLM(intree.DeepseekV4ForCausalLM):
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         cfg = config.dsv41()
-        options = ServingOptions.from_server(cfg, attn_default="bf16")
+        options = ServingOptions.from_server(cfg, attn_default=INTREE_ATTN_DEFAULT)
         replay = options.replay
         if replay:
             check_replay_geometry(cfg)

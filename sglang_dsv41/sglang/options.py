@@ -25,6 +25,7 @@ from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.attention import ATTN_DTYPES
 
 ATTN_DTYPE_ENV = "SGLANG_DSV41_ATTN_DTYPE"
+INTREE_ATTN_DEFAULT = "bf16"  # the in-tree CUDA model's mode when the environment names none
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class ServingOptions:
     @property
     def attn_mode(self) -> str:
         """attn_dtype by name (fp32 / bf16)."""
-        return next(k for k, v in ATTN_DTYPES.items() if v == self.attn_dtype)
+        return attn_mode_name(self.attn_dtype)
 
     def replay_floor(self, prompt_len: int, wants_prompt_logprobs: bool = False) -> int:
         """Decoder SWA floor of a request: max(0, prompt - window) with replay, else 0.
@@ -79,6 +80,11 @@ def attn_dtype(default: str = "fp32", env=os.environ) -> torch.dtype | None:
             f"{ATTN_DTYPE_ENV}={env.get(ATTN_DTYPE_ENV)!r}: one of {', '.join(ATTN_DTYPES)}"
         )
     return ATTN_DTYPES[name]
+
+
+def attn_mode_name(dtype: torch.dtype | None) -> str:
+    """An attention I/O dtype by its name in ATTN_DTYPES (None -> fp32, bf16)."""
+    return next(k for k, v in ATTN_DTYPES.items() if v == dtype)
 
 
 def replay_supported(cfg: DeepseekV41Config) -> bool:

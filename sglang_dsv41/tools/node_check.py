@@ -178,10 +178,10 @@ def main(argv=None) -> int:
         ckpt = str(write_flash_mini(work / "flash-mini-256", force=True, widths=NODE_WIDTHS))
         cfg = json.loads((Path(ckpt) / "config.json").read_text())
         ps = prompts(cfg["text_config"]["vocab_size"])
-        mode = options.attn_dtype("bf16")  # the in-tree model's, as the server resolves it
+        mode = options.attn_dtype(options.INTREE_ATTN_DEFAULT)  # as the server resolves it
         print(
             f"checkpoint {ckpt}; oracle (CPU, fp32, activation quantization on, attention "
-            f"queries and output {'fp32' if mode is None else 'bf16'}) ...",
+            f"queries and output {options.attn_mode_name(mode)}) ...",
             flush=True,
         )
         ref = oracle(ckpt, ps, a.new, mode)
