@@ -3,8 +3,8 @@
 // arguments. Self-contained: no CUDA headers, the tensor-core and conversion steps in PTX.
 // The math is kernels/sparse_attn/ref.py's (the GPU tests compare the two).
 //
-// One CTA = one query token x one split of its entry list (SWA tiles, then top-k tiles; tiles
-// of BN = 16 or 32 entries) x one group of 8 NH heads (NH = 1: up to 8; 2: 16); NW = 4 warps
+// One CTA = one query token x one split of its entry list (SWA tiles, then top-k tiles, of BN
+// = 16 or 32 entries; a split takes every num_splits-th tile: EntryTiles) x one group of 8 NH heads (NH = 1: up to 8; 2: 16); NW = 4 warps
 // (or 2, or 8), warp w owns the head-dim range d in [DQ w, DQ w + DQ), DQ = 512 / NW:
 //  - the records of tile u + STAGES - 1 are requested by cp.async into a per-warp ring while
 //    tile u is computed (each lane stages and reads back only its own bytes);
@@ -260,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS)
 
   const EntryTiles tiles =
       entry_tiles(swa_idx, stride_swt, kv_idx, stride_kvt, t, W, TOPK, BN, num_splits, split);
-  const int n_sw = tiles.n_sw, u0 = tiles.u0, u1 = tiles.u1;
+  const int u0 = tiles.u0, u1 = tiles.u1;
 
   // this lane's entries of tile u (16 et + e_ld, et < ET), -1 beyond the segment
   auto slots_of = [&](int u, int* s) { tiles.slots<ET>(u, e_ld, s); };
@@ -290,8 +290,8 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS)
   // Software pipeline: the records of tile u + STAGES - 1 are requested (cp.async) while tile
   // u is computed; tile u + 1 is dequantized while the logits of tile u are summed across the
   // warps (before the block barrier) with two tile buffers (KBUF 2), else after P V.
-  auto seg_base = [&](int u) { return u < n_sw ? swa : kv; };
-  auto seg_fmt = [&](int u) { return u < n_sw ? 0 : kv_fp4; };
+  auto seg_base = [&](int u) { return tiles.swa(u) ? swa : kv; };
+  auto seg_fmt = [&](int u) { return tiles.swa(u) ? 0 : kv_fp4; };
   int slots[STAGES][ET];  // slots[k]: this lane's entries of tile u + k (u being computed)
 #pragma unroll
   for (int k = 0; k < STAGES; ++k) slots_of(u0 + k, slots[k]);

@@ -131,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
 
   const EntryTiles tiles =
       entry_tiles(swa_idx, stride_swt, kv_idx, stride_kvt, t, W, TOPK, TE, num_splits, split);
-  const int n_sw = tiles.n_sw, u0 = tiles.u0, u1 = tiles.u1;
+  const int u0 = tiles.u0, u1 = tiles.u1;
   auto slot_of = [&](int u, int e) { return tiles.slot(u, e); };
   int* okf = (int*)(smem + OFF_OK);  // [2 buffers][64 entries]
 
@@ -143,9 +143,9 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
     uint2 S;      // V41: 8 scale bytes
     int fp4 = 0;
     auto load = [&](int u, int slot) {  // tile u's records of this thread's entry (at slot)
-      fp4 = u < n_sw ? 0 : kv_fp4;
+      fp4 = tiles.swa(u) ? 0 : kv_fp4;
       const bool ok = slot >= 0;
-      const u8* rec = (u < n_sw ? swa : kv) + (long long)(ok ? slot : 0) * (fp4 ? 288 : 528);
+      const u8* rec = (tiles.swa(u) ? swa : kv) + (long long)(ok ? slot : 0) * (fp4 ? 288 : 528);
       if (fp4) {
 #pragma unroll
         for (int c = 0; c < 8; ++c)

@@ -116,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(SPARSE_ATTN_PARAM
 
   const EntryTiles tiles =
       entry_tiles(swa_idx, stride_swt, kv_idx, stride_kvt, t, W, TOPK, TE, num_splits, split);
-  const int n_sw = tiles.n_sw, u0 = tiles.u0, u1 = tiles.u1;
+  const int u0 = tiles.u0, u1 = tiles.u1;
   auto slot_of = [&](int u, int e) { return tiles.slot(u, e); };
 
   if (tid >= 128) {  // ---------------------------------------------------------- producer
@@ -126,8 +126,8 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(SPARSE_ATTN_PARAM
       if (u < u1) {
         uint4* stg = (uint4*)(smem + OFF_STG + ((u - u0) & 1) * SM_STAGE);
         const int n = slot >= 0 ? 16 : 0;
-        const int fmt = u < n_sw ? 0 : kv_fp4;
-        const u8* rec = (u < n_sw ? swa : kv) + (long long)(slot >= 0 ? slot : 0) * (fmt ? 288 : 528);
+        const int fmt = tiles.swa(u) ? 0 : kv_fp4;
+        const u8* rec = (tiles.swa(u) ? swa : kv) + (long long)(slot >= 0 ? slot : 0) * (fmt ? 288 : 528);
         if (fmt) {  // DP / 2 bytes of values, DP / 16 scale bytes
 #pragma unroll
           for (int c = 0; c < NCHP / 2; ++c) cp16(stg + c * NPT + p, rec + DP / 2 * h + 16 * c, n);
@@ -164,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg(SPARSE_ATTN_PARAM
       const uint2 sc2 = ((const uint2*)(stg + NCHP * NPT))[p];
       const uint4 sc = make_uint4(sc2.x, sc2.y, 0u, 0u);
 #endif
-      if (u >= n_sw && kv_fp4) {  // NCHP / 2 chunks of 32 values; e4m3 scales 2 c, 2 c + 1
+      if (!tiles.swa(u) && kv_fp4) {  // NCHP / 2 chunks of 32 values; e4m3 scales 2 c, 2 c + 1
         const u32 sw[4] = {sc.x, sc.y, sc.z, sc.w};
 #pragma unroll
         for (int c = 0; c < NCHP / 2; ++c) {

@@ -135,25 +135,33 @@ __device__ __forceinline__ void cp8(void* dst, const void* src, int n) {
       float qk_scale
 
 // A token's entry list cut in tiles of `te` entries, its SWA window (W slots) first, then its
-// top-k list (TOPK), and this block's split of the tiles, [u0, u1).
+// top-k list (TOPK), and this block's split of the tiles: every num_splits-th tile from tile
+// `split` on (interleaved, so that each split holds its share of the window's tiles, which
+// cost more than the top-k's FP4 ones), numbered u in [u0, u1) = [0, count) for the loops.
 struct EntryTiles {
   const int* sw_row;  // the token's window slots [W]
   const int* kv_row;  // its top-k slots [TOPK]
-  int W, TOPK, te, n_sw, u0, u1;
+  int W, TOPK, te, n_sw, first, step, u0, u1;
+
+  // the token's tile index of this split's tile u
+  __device__ __forceinline__ int tile(int u) const { return first + u * step; }
+  // whether tile u is a window tile (V41 records of the SWA cache)
+  __device__ __forceinline__ bool swa(int u) const { return tile(u) < n_sw; }
 
   // the slots of entries e0 + 16 k (k < N) of tile u: -1 beyond the segment or the split (and
   // the lists' own -1 padding); the tile's checks made once for the N
   template <int N>
   __device__ __forceinline__ void slots(int u, int e0, int* s) const {
+    const int g = tile(u);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       int v = -1;
       if (u < u1) {
-        if (u < n_sw) {
-          const int i = te * u + 16 * k + e0;
+        if (g < n_sw) {
+          const int i = te * g + 16 * k + e0;
           v = i < W ? __ldg(sw_row + i) : -1;
         } else {
-          const int i = te * (u - n_sw) + 16 * k + e0;
+          const int i = te * (g - n_sw) + 16 * k + e0;
           v = i < TOPK ? __ldg(kv_row + i) : -1;
         }
       }
@@ -168,7 +176,8 @@ struct EntryTiles {
   }
 };
 
-// token t's tiles of te entries and split `split` of num_splits (each a ceil share of the tiles)
+// token t's tiles of te entries and split `split` of num_splits (tiles split, split +
+// num_splits, ...: the splits' counts differ by one at most)
 __device__ __forceinline__ EntryTiles entry_tiles(const int* swa_idx, long long stride_swt,
                                                   const int* kv_idx, long long stride_kvt, int t,
                                                   int W, int TOPK, int te, int num_splits,
@@ -181,9 +190,10 @@ __device__ __forceinline__ EntryTiles entry_tiles(const int* swa_idx, long long 
   r.te = te;
   r.n_sw = (W + te - 1) / te;
   const int n_tiles = r.n_sw + (TOPK + te - 1) / te;
-  const int per = (n_tiles + num_splits - 1) / num_splits;
-  r.u0 = split * per;
-  r.u1 = min(r.u0 + per, n_tiles);
+  r.first = split;
+  r.step = num_splits;
+  r.u0 = 0;
+  r.u1 = split < n_tiles ? (n_tiles - split + num_splits - 1) / num_splits : 0;
   return r;
 }
 
