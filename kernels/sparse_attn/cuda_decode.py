@@ -125,17 +125,17 @@ def defines_for(
     H: int, exact: bool, block_n: int = BN, slim: bool = False, half: bool = False,
     wg: bool = False, wg64: bool = False, wide: bool = False,
 ) -> tuple:  # fmt: skip
-    """The NVRTC options of the build for H heads (NH tiles of 8 in P V), fp32 q (`exact`)
-    and tiles of block_n (16 or 32) entries; `slim` (tiles of 16): one tile buffer and two
-    stages of records, 40 KB of shared memory, sized for four blocks per SM at 8 heads a block
-    (three at 16); `half` (tiles of 16, blocks of 8 heads): two warps a block, each half of the
-    head dimension, one tile buffer and two stages, sized for five blocks per SM (four with
-    fp32 q); `wide` (tiles of 16): eight warps a block, each an eighth of the head dimension,
-    so a block's chain of work per tile is about half as long (the few-token batches, where
-    each block has one or two tiles), sized for two blocks per SM; `wg` (blocks of 8 heads):
-    the warpgroup kernel (cuda_wgmma.cu, tiles of 64, one block per SM; two producer
-    warpgroups with bf16 q, one with fp32 q); `wg64`: the 64-head warpgroup kernel
-    (cuda_wg64.cu: bf16 q, blocks of 64 heads, tiles of 64, one block per SM)."""
+    """The NVRTC options of the build for H heads (NH tiles of 8 in P V), fp32 q (`exact`) and
+    tiles of block_n (16 or 32) entries; `slim` (tiles of 16): one tile buffer and two stages of
+    records, 40 KB of shared memory, sized for four blocks per SM at 8 heads a block (at 16
+    heads a block three stages, 52 KB, three blocks per SM); `half` (tiles of 16, blocks of 8
+    heads): two warps a block, each half of the head dimension, one tile buffer and two stages,
+    sized for five blocks per SM (four with fp32 q); `wide` (tiles of 16): eight warps a block,
+    each an eighth of the head dimension, so a block's chain of work per tile is about half as
+    long (the few-token batches, where each block has one or two tiles), sized for two blocks
+    per SM; `wg` (blocks of 8 heads): the warpgroup kernel (cuda_wgmma.cu, tiles of 64, one
+    block per SM; two producer warpgroups with bf16 q, one with fp32 q); `wg64`: the 64-head
+    warpgroup kernel (cuda_wg64.cu: bf16 q, blocks of 64 heads, tiles of 64, one block per SM)."""
     flags = {"slim": slim, "half": half, "wg": wg, "wg64": wg64, "wide": wide}
     builds = [name for name, on in flags.items() if on]
     if len(builds) > 1:
@@ -156,8 +156,8 @@ def defines_for(
     d += (f"-DNH={nh}",)
     if block_n != BN:
         d += (f"-DBN={block_n}", f"-DSTAGES={STAGES[block_n]}")
-    if slim:
-        d += ("-DKBUF=1", "-DSTAGES=2", f"-DMIN_BLOCKS={4 if nh == 1 else 3}")
+    if slim:  # 16 heads a block: three stages (three blocks per SM either way)
+        d += ("-DKBUF=1", f"-DSTAGES={2 if nh == 1 else 3}", f"-DMIN_BLOCKS={4 if nh == 1 else 3}")
     if half:
         d += ("-DNW=2", "-DKBUF=1", "-DSTAGES=2", f"-DMIN_BLOCKS={4 if exact else 5}")
     if wg:
@@ -168,13 +168,14 @@ def defines_for(
 
 
 # The builds the plan uses (sparse_attention): blocks of 8 / 16 bf16 heads and of 8 fp32 heads,
-# tiles of 16 and 32 and the wide build, the slim, half and wg builds for blocks of 8 heads, and
-# the 64-head one.
+# tiles of 16 and 32 and the wide build, the slim, half and wg builds for blocks of 8 heads, the
+# slim one for blocks of 16, and the 64-head one.
 _BLOCKS = ((8, False), (16, False), (8, True))
 BUILDS = (
     tuple(defines_for(H, exact, bn) for H, exact in _BLOCKS for bn in STAGES)
     + tuple(defines_for(H, exact, wide=True) for H, exact in _BLOCKS)
     + tuple(defines_for(8, x, **{k: True}) for k in ("slim", "half", "wg") for x in (False, True))
+    + (defines_for(16, False, slim=True),)
     + (defines_for(64, False, wg64=True),)
 )
 _PROBES: dict[int, str | None] = {}  # device index -> None (all builds load) or why not

@@ -119,12 +119,13 @@ def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
     warps a block, splits filling the GPU once), e.g. below 8 tokens at up to 16 bf16 heads,
     one to three tokens at 32, one at 64. Up to 8 heads the slim build (four blocks per SM)
     from 128 tokens, in prefill the build with two warps a block (five blocks per SM, four
-    with fp32 q); above, tiles of 32 ("cuda32_x2": two blocks per SM) for large decode
-    batches and tiles of 16 (three blocks per SM, the records read from L2) in prefill; tiles
-    of 16 in grids of 2 or 3 blocks per SM for small batches. fp32 q at any head count in
-    blocks of 8 heads, each re-reading the records (the Triton exact path is slower still), the
-    half build from 128 tokens. Above 16 bf16 heads in decode past the wide build the 64-head
-    warpgroup kernel (blocks of 64 heads, 32 padded: each record dequantized once a token)."""
+    with fp32 q), else tiles of 16 in grids of 2 blocks per SM (3 for fp32 q below 32
+    tokens). 9-16 bf16 heads: the slim build (one tile buffer, three stages of records) in
+    prefill and at 32-127 tokens, tiles of 32 ("cuda32_x2": two blocks per SM) otherwise.
+    fp32 q at any head count in blocks of 8 heads, each re-reading the records (the Triton
+    exact path is slower still), the half build from 128 tokens. Above 16 bf16 heads in
+    decode past the wide build the 64-head warpgroup kernel (blocks of 64 heads, 32 padded:
+    each record dequantized once a token)."""
     from sglang_dsv41.kernels.sparse_attn.cuda_decode import group_heads
 
     prefill = T >= WORKSPACE_MIN_TOKENS
@@ -133,15 +134,15 @@ def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
     if H <= 8:
         if prefill:
             return "cuda_half_x4" if exact else "cuda_half_x5"
-        return "cuda_slim_x4" if T >= 128 else "cuda_x2" if T >= 32 else "cuda_x3"
+        if T >= 128:
+            return "cuda_slim_x4"
+        return "cuda_x2" if T >= 32 or not exact else "cuda_x3"
     if exact:
         if T >= 128:  # prefill included: the half build (four blocks per SM)
             return "cuda_half_x4"
         return "cuda_x3" if T < 32 else "cuda32_x2"
-    if H <= 16:
-        if prefill:
-            return "cuda_x3"
-        return "cuda_x2" if 32 <= T < 128 else "cuda32_x2"
+    if H <= 16:  # the slim build at 16 heads: one tile buffer, three stages
+        return "cuda_slim_x2" if prefill or 32 <= T < 128 else "cuda32_x2"
     if 2 <= T and not prefill:  # 17-64 heads (and blocks of 64 above)
         return "cuda_wg64_x1"
     return None

@@ -81,6 +81,9 @@ def test_the_builds_are_the_launchers():
     slim = cuda_decode.defines_for(8, True, slim=True)
     assert slim == ("-DEXACT=1", "-DNH=1", "-DKBUF=1", "-DSTAGES=2", "-DMIN_BLOCKS=4")
     assert 4 * (cuda_decode.smem_bytes(slim) + 1024) <= 228 * 1024  # four blocks per SM
+    slim16 = cuda_decode.defines_for(16, False, slim=True)  # three stages, three blocks
+    assert slim16 == ("-DNH=2", "-DKBUF=1", "-DSTAGES=3", "-DMIN_BLOCKS=3")
+    assert 3 * (cuda_decode.smem_bytes(slim16) + 1024) <= 228 * 1024
     half = cuda_decode.defines_for(8, False, half=True)
     assert half == ("-DNH=1", "-DNW=2", "-DKBUF=1", "-DSTAGES=2", "-DMIN_BLOCKS=5")
     assert cuda_decode.warps(half) == 2 and cuda_decode.warps(slim) == 4
@@ -99,7 +102,7 @@ def test_the_builds_are_the_launchers():
     assert wg64 == ("-DWG64=1", "-DBN=64") and cuda_decode.warps(wg64) == 12
     assert cuda_decode.smem_bytes(wg64) <= 232448 and cuda_decode.group_heads(40, False, True) == 64
     assert cuda_decode.source(wg64)[1] == "sparse_wg64" and cuda_decode.source(wg)[1] == "sparse_wg"
-    assert len(set(cuda_decode.BUILDS)) == 16
+    assert len(set(cuda_decode.BUILDS)) == 17
     with pytest.raises(ValueError, match="wg64"):
         cuda_decode.defines_for(64, True, wg64=True)  # bf16 q only
     with pytest.raises(ValueError, match="slim"):
@@ -228,8 +231,8 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
         8: {
             1: "cuda_wide_x1",
             7: "cuda_wide_x1",
-            8: "cuda_x3",
-            31: "cuda_x3",
+            8: "cuda_x2",
+            31: "cuda_x2",
             32: "cuda_x2",
             128: "cuda_slim_x4",
             4096: "cuda_half_x5",
@@ -238,9 +241,10 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
             1: "cuda_wide_x1",
             7: "cuda_wide_x1",
             8: "cuda32_x2",
-            64: "cuda_x2",
+            32: "cuda_slim_x2",
+            127: "cuda_slim_x2",
             256: "cuda32_x2",
-            4096: "cuda_x3",
+            4096: "cuda_slim_x2",
         },
         24: {1: "cuda_wide_x1", 3: "cuda_wide_x1", 4: "cuda_wg64_x1"},
         32: {1: "cuda_wide_x1", 3: "cuda_wide_x1", 4: "cuda_wg64_x1", 1024: "triton"},
@@ -289,7 +293,8 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     assert tri.plan_for(1024, 8, 512, CPU, False, cuda=False).workspace  # prefill w/o it
     for H in (8, 16, 32, 64):  # every head count has the CUDA variants (the GPU tests run them)
         for exact in (False, True):
-            names = {"cuda_x2", "cuda_x3", "cuda32_x2", "cuda_slim_x4", "cuda_wide_x1"}
+            names = {"cuda_x2", "cuda_x3", "cuda32_x2", "cuda_slim_x2", "cuda_slim_x4"}
+            names |= {"cuda_wide_x1"}
             names |= {"cuda_half_x4", "cuda_half_x5", "cuda_wg_x1"} if H <= 8 or exact else set()
             assert names <= set(tri.variants_for(H, exact)), H
 
