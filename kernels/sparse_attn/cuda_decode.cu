@@ -4,8 +4,9 @@
 // The math is kernels/sparse_attn/ref.py's (the GPU tests compare the two).
 //
 // One CTA = one query token x one split of its entry list (SWA tiles, then top-k tiles, of BN
-// = 16 or 32 entries; a split takes every num_splits-th tile: EntryTiles) x one group of 8 NH heads (NH = 1: up to 8; 2: 16); NW = 4 warps
-// (or 2, or 8), warp w owns the head-dim range d in [DQ w, DQ w + DQ), DQ = 512 / NW:
+// = 16 or 32 entries; a split takes every num_splits-th tile: EntryTiles) x one group of 8 NH
+// heads (NH = 1: up to 8; 2: 16); NW = 4 warps (or 2, or 8), warp w owns the head-dim range d
+// in [DQ w, DQ w + DQ), DQ = 512 / NW:
 //  - the records of tile u + STAGES - 1 are requested by cp.async into a per-warp ring while
 //    tile u is computed (each lane stages and reads back only its own bytes);
 //  - each warp dequantizes its range of a tile's records into its own shared-memory tile, in
