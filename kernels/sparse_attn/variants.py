@@ -82,13 +82,13 @@ def _variants(H: int) -> MappingProxyType:
     small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
     small["direct_n32_pf_x2"] = dataclasses.replace(small["direct_n32_x2"], prefetch=True)
     # the CUDA kernel (cuda_decode; blocks of 8 or 16 heads): tiles of 16, grids of 2 or 3
-    # blocks per SM; tiles of 32, two; the slim build, two or four; the wide build, one
+    # blocks per SM; tiles of 32, two; the slim build, two, three or four; the wide build, one
     cuda = {
         f"cuda_x{k}": Plan(block_h=16, block_n=16, num_warps=4, swap=False, cuda=True, per_sm=k)
         for k in (2, 3)
     }
     cuda["cuda32_x2"] = dataclasses.replace(cuda["cuda_x2"], block_n=32)
-    for k in (2, 4):
+    for k in (2, 3, 4):
         cuda[f"cuda_slim_x{k}"] = dataclasses.replace(cuda["cuda_x2"], slim=True, per_sm=k)
     cuda["cuda_wide_x1"] = dataclasses.replace(cuda["cuda_x2"], wide=True, per_sm=1)
     if H <= 8:  # two warps a block (blocks of 8 heads): five blocks per SM, four with fp32 q
