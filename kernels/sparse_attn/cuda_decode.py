@@ -31,7 +31,7 @@ import os
 import torch
 import triton
 
-from sglang_dsv41.kernels.sparse_attn import merge, window_share
+from sglang_dsv41.kernels.sparse_attn import merge
 from sglang_dsv41.kernels.sparse_attn.cuda_jit import CudaJitError, Kernel, load_source
 
 BN = 16  # entries per tile (the kernel's BN unless a build sets -DBN=32)
@@ -247,19 +247,17 @@ def sparse_attention(
     q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink, scale: float, out,
     out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, block_n: int = BN,
     slim: bool = False, half: bool = False, defines: tuple = (), wg: bool = False,
-    wg64: bool = False, wide: bool = False, win_share: bool = False,
+    wg64: bool = False, wide: bool = False,
 ):  # fmt: skip
     """Launch over T tokens (grid T x splits x head groups of 32 `warps(defines)` threads);
     arguments as `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm`
     times; block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax
     steps per entry); slim, half: the builds for four / five blocks per SM, wide: eight warps a
     block, wg: the warpgroup kernel, wg64: the 64-head warpgroup kernel (`defines_for`);
-    defines: extra NVRTC options (benchmarks); win_share: the window of each group of
-    neighbouring tokens attended once (`window_share`: bf16 q, unsplit calls with W >= its
-    group, not the wg / wg64 builds; ignored elsewhere), this kernel then reading a covered
-    token's top-k entries only. The merge of the splits is a programmatic dependent launch
-    (`merge.combine`: it starts while this kernel drains and waits for it before reading)
-    unless defines say -DPDL=0."""
+    defines: extra NVRTC options
+    (benchmarks). The merge of the splits is a programmatic dependent launch (`merge.combine`:
+    it starts while this kernel drains and waits for it before reading) unless defines say
+    -DPDL=0."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
     T, H, _ = q.shape
@@ -285,9 +283,6 @@ def sparse_attention(
     else:
         part = lse = torch.empty(0, dtype=torch.float32, device=dev)
         kind = 1 if out.dtype == torch.bfloat16 else 2
-    win = (None, None, None)
-    if win_share and ns == 1 and not (exact or wg or wg64) and W >= window_share.group_tokens(H):
-        win = window_share.window_partials(q, swa_flat, swa_slots, scale)
     sink = attn_sink if attn_sink is not None else lse
     if attn_sink is not None and (attn_sink.dtype != torch.float32 or attn_sink.stride(0) != 1):
         raise ValueError("attn_sink must be contiguous fp32 [H]")
@@ -300,7 +295,6 @@ def sparse_attention(
         P(sink.data_ptr()), N(int(attn_sink is not None)), P(part.data_ptr()), P(lse.data_ptr()),
         P(out.data_ptr()), L(out.stride(0)), L(out.stride(1)),
         N(kind), N(H), N(W), N(TOPK), N(ns), F(scale * tri.LOG2E),
-        *(P(None if t is None else t.data_ptr()) for t in win),
     ]  # fmt: skip
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     kernel(defines)(
