@@ -26,8 +26,6 @@
 // loads and softmax on eight warps): faster where a block has only one or two tiles.
 // EXACT (fp32 q, NH = 1): q and P are split into three exact bf16 parts and each product is
 // three MMAs, the small parts first (the Triton exact path's arithmetic).
-// With win_cov (window_share.py, unsplit prefill calls) a covered token's window is not read
-// here: its partial joins the output factors (window_factors), a second sink with a value.
 // Output: fp32 partials (normalized, with base-2 log-sum-exps) for the merge kernel, or, with
 // one split, the final rows with the sink applied (bf16 or fp32).
 
@@ -199,10 +197,6 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS)
   part = part_heads(part, out_kind, hg0);  // partials [T, NS, H_all, 512], or out's rows
   out = out_heads(out, out_kind, hg0, stride_oh);
   lse += hg0;
-  // a prefill token whose window was attended apart (window_share.py): top-k tiles only here,
-  // the window's partial joined in the output factors
-  // (its o_w and lse_w rows are addressed at the end, from the kernel parameters)
-  const bool win = win_cov != nullptr && win_cov[t] != 0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int e_ld = lane & 15, hh = lane >> 4;  // this lane's entry of a tile, half of it
@@ -266,8 +260,7 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS)
   }
 
   const EntryTiles tiles =
-      entry_tiles(swa_idx, stride_swt, kv_idx, stride_kvt, t, win ? 0 : W, TOPK, BN, num_splits,
-                  split);
+      entry_tiles(swa_idx, stride_swt, kv_idx, stride_kvt, t, W, TOPK, BN, num_splits, split);
   const int u0 = tiles.u0, u1 = tiles.u1;
 
   // this lane's entries of tile u (16 et + e_ld, et < ET), -1 beyond the segment
@@ -548,23 +541,15 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS)
 #endif
   const BlockOut ob = {part, lse, out, stride_ot, stride_oh, out_kind, H_all, H, num_splits, t,
                        split};
-  float f_a, f_b, g_a = 0.f, g_b = 0.f;  // g: the window partial's factor (win)
-  const long long win_row = (long long)blockIdx.x * H_all + 8 * NH * blockIdx.z;  // t, hg0
-  const u16* wo = win_o + win_row * 512;
-  if (win)
-    window_factors(ob, sink, has_sink, win_lse + win_row, ha, hb, m_a, m_b, l_a, l_b, f_a, f_b,
-                   g_a, g_b);
-  else
-    head_factors(ob, sink, has_sink, ha, hb, m_a, m_b, l_a, l_b, lse_lane, f_a, f_b);
+  float f_a, f_b;
+  head_factors(ob, sink, has_sink, ha, hb, m_a, m_b, l_a, l_b, lse_lane, f_a, f_b);
 #pragma unroll
   for (int j = 0; j < NH; ++j) {
 #if ESWAP
-    const float f0 = f_a, f1 = f_b, g0 = g_a, g1 = g_b;
+    const float f0 = f_a, f1 = f_b;
 #else
     const float fsrc = j ? f_b : f_a;  // lane 4 h' holds head h' (+ 8 j)'s factor
     const float f0 = __shfl_sync(0xFFFFFFFFu, fsrc, 8 * tq), f1 = __shfl_sync(0xFFFFFFFFu, fsrc, 8 * tq + 4);
-    const float gsrc = j ? g_b : g_a;
-    const float g0 = __shfl_sync(0xFFFFFFFFu, gsrc, 8 * tq), g1 = __shfl_sync(0xFFFFFFFFu, gsrc, 8 * tq + 4);
 #endif
     const int h0 = 8 * j + 2 * tq, h1 = h0 + 1;
 #pragma unroll
@@ -573,12 +558,7 @@ extern "C" __global__ void __launch_bounds__(32 * NW, MIN_BLOCKS)
       for (int rr = 0; rr < 2; ++rr) {
         const int pos = 16 * mt + g + 8 * rr;  // stored position in the warp's d range
         const int d = DQ * warp + (pos & ~7) + PERM8(pos & 7);
-        float v0 = acc[mt][j][2 * rr] * f0, v1 = acc[mt][j][2 * rr + 1] * f1;
-        if (win) {
-          if (h0 < H) v0 += __uint_as_float((u32)wo[h0 * 512 + d] << 16) * g0;
-          if (h1 < H) v1 += __uint_as_float((u32)wo[h1 * 512 + d] << 16) * g1;
-        }
-        store_pair(ob, d, h0, h1, v0, v1);
+        store_pair(ob, d, h0, h1, acc[mt][j][2 * rr] * f0, acc[mt][j][2 * rr + 1] * f1);
       }
     }
   }

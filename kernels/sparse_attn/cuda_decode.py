@@ -31,7 +31,7 @@ import os
 import torch
 import triton
 
-from sglang_dsv41.kernels.sparse_attn import merge, window_share
+from sglang_dsv41.kernels.sparse_attn import merge
 from sglang_dsv41.kernels.sparse_attn.cuda_jit import CudaJitError, Kernel, load_source
 
 BN = 16  # entries per tile (the kernel's BN unless a build sets -DBN=32)
@@ -247,19 +247,17 @@ def sparse_attention(
     q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4: bool, attn_sink, scale: float, out,
     out_dtype=torch.bfloat16, num_splits: int | None = None, per_sm: int = 3, block_n: int = BN,
     slim: bool = False, half: bool = False, defines: tuple = (), wg: bool = False,
-    wg64: bool = False, wide: bool = False, win_share: bool = False,
+    wg64: bool = False, wide: bool = False,
 ):  # fmt: skip
     """Launch over T tokens (grid T x splits x head groups of 32 `warps(defines)` threads);
     arguments as `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm`
     times; block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax
     steps per entry); slim, half: the builds for four / five blocks per SM, wide: eight warps a
     block, wg: the warpgroup kernel, wg64: the 64-head warpgroup kernel (`defines_for`);
-    defines: extra NVRTC options (benchmarks); win_share: the window of each group of
-    neighbouring tokens attended once (`window_share`: bf16 q, unsplit calls with W >= its
-    group, not the wg / wg64 builds; ignored elsewhere), this kernel then reading a covered
-    token's top-k entries only. The merge of the splits is a programmatic dependent launch
-    (`merge.combine`: it starts while this kernel drains and waits for it before reading)
-    unless defines say -DPDL=0."""
+    defines: extra NVRTC options
+    (benchmarks). The merge of the splits is a programmatic dependent launch (`merge.combine`:
+    it starts while this kernel drains and waits for it before reading) unless defines say
+    -DPDL=0."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri
 
     T, H, _ = q.shape
@@ -285,18 +283,25 @@ def sparse_attention(
     else:
         part = lse = torch.empty(0, dtype=torch.float32, device=dev)
         kind = 1 if out.dtype == torch.bfloat16 else 2
-    win = (None, None, None)
-    G = window_share.group_tokens(H)
-    if win_share and ns == 1 and not (exact or wg or wg64) and G and W >= G:
-        win = window_share.window_partials(q, swa_flat, swa_slots, scale)
     sink = attn_sink if attn_sink is not None else lse
     if attn_sink is not None and (attn_sink.dtype != torch.float32 or attn_sink.stride(0) != 1):
         raise ValueError("attn_sink must be contiguous fp32 [H]")
-    args = _args(
-        q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, sink, attn_sink is not None,
-        part, lse, out, kind, ns, scale, win,
+    swa_s, kv_s = swa_slots, topk_slots  # an empty list's pointer is never read
+    P, L, N, F = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
+    args = [
+        P(q.data_ptr()), L(q.stride(0)), L(q.stride(1)),
+        P(swa_flat.data_ptr()), P(swa_s.data_ptr()), L(swa_s.stride(0)),
+        P(kv_flat.data_ptr()), P(kv_s.data_ptr()), L(kv_s.stride(0)), N(int(kv_fp4)),
+        P(sink.data_ptr()), N(int(attn_sink is not None)), P(part.data_ptr()), P(lse.data_ptr()),
+        P(out.data_ptr()), L(out.stride(0)), L(out.stride(1)),
+        N(kind), N(H), N(W), N(TOPK), N(ns), F(scale * tri.LOG2E),
+    ]  # fmt: skip
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    kernel(defines)(
+        (T, ns, groups), (32 * warps(defines),), args,
+        stream=torch.cuda.current_stream(dev).cuda_stream, device_index=index,
+        smem=smem_bytes(defines),
     )  # fmt: skip
-    _launch(defines, (T, ns, groups), args, dev)
     if ns > 1:
         merge.combine(
             part,
@@ -307,47 +312,3 @@ def sparse_attention(
             pdl=_option(defines, "PDL", 1) == 1 and merge.gdc_wait is not None,
         )
     return out
-
-
-def _args(
-    q, swa_flat, swa_s, kv_flat, kv_s, kv_fp4, sink, has_sink, part, lse, out, kind, ns, scale,
-    win=(None, None, None), band_h=0, band_w=0,
-) -> list:  # fmt: skip
-    """The kernels' parameters (records.cuh: SPARSE_ATTN_PARAMS) in order; an empty list's
-    pointer is never read; win: (o_w, lse_w, covered) or Nones."""
-    from sglang_dsv41.kernels.sparse_attn.triton import LOG2E
-
-    T, H, _ = q.shape
-    P, L, N, F = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
-    return [
-        P(q.data_ptr()), L(q.stride(0)), L(q.stride(1)),
-        P(swa_flat.data_ptr()), P(swa_s.data_ptr()), L(swa_s.stride(0)),
-        P(kv_flat.data_ptr()), P(kv_s.data_ptr()), L(kv_s.stride(0)), N(int(kv_fp4)),
-        P(sink.data_ptr()), N(int(has_sink)), P(part.data_ptr()), P(lse.data_ptr()),
-        P(out.data_ptr()), L(out.stride(0)), L(out.stride(1)),
-        N(kind), N(H), N(swa_s.shape[1]), N(kv_s.shape[1]), N(ns), F(scale * LOG2E),
-        *(P(None if t is None else t.data_ptr()) for t in win), N(band_h), N(band_w),
-    ]  # fmt: skip
-
-
-def _launch(defines: tuple, grid: tuple, args: list, dev: torch.device) -> None:
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    kernel(defines)(
-        grid, (32 * warps(defines),), args,
-        stream=torch.cuda.current_stream(dev).cuda_stream, device_index=index,
-        smem=smem_bytes(defines),
-    )  # fmt: skip
-
-
-def band_partials(q, swa_flat, union, W: int, H: int, scale: float, o, lse) -> None:
-    """The 64-head kernel over groups of tokens (window_share.window_partials): q bf16 [n, 64,
-    512] (group g's rows (token i, head h) at 64 g + H i + h), union int32 [n, W + 64 / H - 1]
-    (the group's window slots), band mask of width W; writes bf16 partials o [n 64 / H, H, 512]
-    and base-2 lse [n 64 / H, H] (one split, no sink)."""
-    n = q.shape[0]
-    none = union[:, :0]
-    args = _args(
-        q, swa_flat, union, swa_flat, none, False, lse, False, o, lse, o, 3, 1, scale,
-        band_h=H, band_w=W,
-    )  # fmt: skip
-    _launch(defines_for(WG64_HEADS, False, wg64=True), (n, 1, 1), args, q.device)

@@ -272,10 +272,6 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
   // 8 entries, SBO 1024 = the next 8 d)
   const u32 dq = desc_lo(smem + OFF_Q, 1024), dt = desc_lo(smem, 1024);
   const u32 dv = desc_lo(smem + cm(32 * cg, 0), 128);
-  // the band mask (window_share.py: rows are (token r / band_h, head) of a group, entries its
-  // windows' union): row r sees entry e when e - r / band_h is in [0, band_w); none: bw ~0u
-  const int i0 = band_w > 0 ? r0 / band_h : 0, i1 = band_w > 0 ? (r0 + 8) / band_h : 0;
-  const unsigned bw = band_w > 0 ? (unsigned)band_w : 0xFFFFFFFFu;
   for (int u = u0; u < u1; ++u) {
     const int b = (u - u0) & 1;
     bar_sync(BAR_FULL + 2 * b + cg, 256);
@@ -306,11 +302,10 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) sparse_wg64(SPARSE_ATTN_PAR
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int2 ok = *(const int2*)(okf + 64 * b + 8 * j + 2 * tq);
-      const int e = TE * tiles.tile(u) + 8 * j + 2 * tq;  // the entry of s[4 j] in the list
-      s[4 * j] = ok.x && (unsigned)(e - i0) < bw ? s[4 * j] * sc : ninf;
-      s[4 * j + 1] = ok.y && (unsigned)(e + 1 - i0) < bw ? s[4 * j + 1] * sc : ninf;
-      s[4 * j + 2] = ok.x && (unsigned)(e - i1) < bw ? s[4 * j + 2] * sc : ninf;
-      s[4 * j + 3] = ok.y && (unsigned)(e + 1 - i1) < bw ? s[4 * j + 3] * sc : ninf;
+      s[4 * j] = ok.x ? s[4 * j] * sc : ninf;
+      s[4 * j + 1] = ok.y ? s[4 * j + 1] * sc : ninf;
+      s[4 * j + 2] = ok.x ? s[4 * j + 2] * sc : ninf;
+      s[4 * j + 3] = ok.y ? s[4 * j + 3] * sc : ninf;
       mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
       mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
     }

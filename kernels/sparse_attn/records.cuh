@@ -124,10 +124,7 @@ __device__ __forceinline__ void cp8(void* dst, const void* src, int n) {
 // window slots [T, W] and their row stride; the main-KV cache (V41_FP4 rows if kv_fp4, else
 // V41), the top-k slots [T, TOPK] and their row stride; the sink [H_all] (if has_sink); the
 // partials and log-sum-exps (out_kind 0 fp32, 3 bf16) or the output rows (1 bf16, 2 fp32) with
-// their strides; the splits per token and the logit scale times log2(e); the prefill's shared
-// windows (window_share.py: o_w bf16 [T, H_all, 512], lse_w [T, H_all], covered [T]; null
-// when not shared, and read by cuda_decode.cu only); the band mask of a group's window
-// (cuda_wg64.cu only; band_w 0 = none): row r sees entry e when 0 <= e - r / band_h < band_w.
+// their strides; the splits per token and the logit scale times log2(e).
 #define SPARSE_ATTN_PARAMS                                                                    \
   const void *__restrict__ q, long long stride_qt, long long stride_qh,                       \
       const u8 *__restrict__ swa, const int *__restrict__ swa_idx, long long stride_swt,      \
@@ -135,8 +132,7 @@ __device__ __forceinline__ void cp8(void* dst, const void* src, int n) {
       int kv_fp4, const float *__restrict__ sink, int has_sink, float *__restrict__ part,     \
       float *__restrict__ lse, void *__restrict__ out, long long stride_ot,                   \
       long long stride_oh, int out_kind, int H_all, int W, int TOPK, int num_splits,          \
-      float qk_scale, const u16 *__restrict__ win_o, const float *__restrict__ win_lse,       \
-      const int *__restrict__ win_cov, int band_h, int band_w
+      float qk_scale
 
 // A token's entry list cut in tiles of `te` entries, its SWA window (W slots) first, then its
 // top-k list (TOPK), and this block's split of the tiles: every num_splits-th tile from tile
@@ -254,28 +250,6 @@ __device__ __forceinline__ void head_factors(const BlockOut& o, const float* sin
   }
   f_a *= 256.0f;
   f_b *= 256.0f;
-}
-
-// head_factors for a token whose window was attended apart (window_share.py; final rows only):
-// its partial (normalized o_w, base-2 lse_w[h]) joins the block's state and the sink, so that
-// the row is acc f + o_w g; f times 2^8 as in head_factors.
-__device__ __forceinline__ void window_factors(const BlockOut& o, const float* sink, int has_sink,
-                                               const float* lse_w, int ha, int hb, float m_a,
-                                               float m_b, float l_a, float l_b, float& f_a,
-                                               float& f_b, float& g_a, float& g_b) {
-  const float ninf = -__int_as_float(0x7F800000);
-  const float s_a = (has_sink && ha < o.H) ? sink[ha] * 1.4426950408889634f : ninf;
-  const float s_b = (has_sink && hb < o.H) ? sink[hb] * 1.4426950408889634f : ninf;
-  const float v_a = ha < o.H ? lse_w[ha] : ninf, v_b = hb < o.H ? lse_w[hb] : ninf;
-  const float mf_a = fmaxf(fmaxf(m_a, s_a), v_a), mf_b = fmaxf(fmaxf(m_b, s_b), v_b);
-  const float w_a = exp2f(m_a - mf_a), w_b = exp2f(m_b - mf_b);
-  const float x_a = exp2f(v_a - mf_a), x_b = exp2f(v_b - mf_b);
-  const float den_a = l_a * w_a + exp2f(s_a - mf_a) + x_a;
-  const float den_b = l_b * w_b + exp2f(s_b - mf_b) + x_b;
-  f_a = den_a > 0.f ? 256.0f * w_a / den_a : 0.f;
-  f_b = den_b > 0.f ? 256.0f * w_b / den_b : 0.f;
-  g_a = den_a > 0.f ? x_a / den_a : 0.f;
-  g_b = den_b > 0.f ? x_b / den_b : 0.f;
 }
 
 // Output values v0, v1 of heads h0, h1 at head-dim index d.

@@ -226,7 +226,7 @@ def sparse_attention(
         return cuda_decode.sparse_attention(
             q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale, out, out_dtype,
             plan.num_splits, plan.per_sm, plan.block_n, plan.slim, plan.half, wg=plan.wg,
-            wg64=plan.wg64, wide=plan.wide, win_share=plan.win_share,
+            wg64=plan.wg64, wide=plan.wide,
         )  # fmt: skip
     if plan.flashmla and T:
         from sglang_dsv41.kernels.sparse_attn import triton_flashmla

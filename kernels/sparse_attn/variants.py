@@ -33,8 +33,7 @@ class Plan:
     warpgroup kernel (cuda_wgmma.cu: wgmma over tiles of 64 entries, producer and consumer
     warpgroups, one block per SM, blocks of 8 heads; measured, chosen nowhere yet); wg64: the
     64-head warpgroup kernel (cuda_wg64.cu: the heads on wgmma's M axis, tiles of 64 entries,
-    one block per SM, blocks of 64 heads, bf16 q); win_share: with cuda, the SWA windows of
-    groups of neighbouring prefill tokens attended once (`window_share`; bf16 q, unsplit calls).
+    one block per SM, blocks of 64 heads, bf16 q).
     """
 
     block_h: int
@@ -57,7 +56,6 @@ class Plan:
     wg: bool = False
     wg64: bool = False
     wide: bool = False
-    win_share: bool = False
 
 
 @functools.cache
@@ -97,10 +95,6 @@ def _variants(H: int) -> MappingProxyType:
         for k in (4, 5):
             cuda[f"cuda_half_x{k}"] = dataclasses.replace(cuda["cuda_x2"], half=True, per_sm=k)
         cuda["cuda_wg_x1"] = dataclasses.replace(cuda["cuda_x2"], wg=True, per_sm=1)
-    # the prefill builds with the windows shared by neighbouring tokens (window_share)
-    base = "cuda_half_x5" if H <= 8 else "cuda_slim_x2" if H <= 16 else None
-    if base:
-        cuda[f"{base}_win"] = dataclasses.replace(cuda[base], win_share=True)
     if H > 16:  # blocks of 64 heads (32 heads padded to 64)
         cuda["cuda_wg64_x1"] = Plan(
             block_h=64, block_n=64, num_warps=12, swap=False, cuda=True, wg64=True, per_sm=1
@@ -131,7 +125,7 @@ def _exact_variants(H: int) -> MappingProxyType:
     (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
     the three-part split), and the CUDA kernel's exact mode (blocks of 8 heads at any H, so
     its half build too)."""
-    v = {k: p for k, p in _variants(8).items() if not (p.flashmla or p.skew or p.win_share)}
+    v = {k: p for k, p in _variants(8).items() if not (p.flashmla or p.skew)}
     v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
     return MappingProxyType(v)
 

@@ -321,7 +321,7 @@ def test_tiles_of_32_over_a_slim_default_drop_slim(monkeypatch):
     assert tri.plan_for(1, 8, 512, CPU, False).wide
     seen = {}
 
-    def fake(*args, wg=False, wg64=False, wide=False, win_share=False):
+    def fake(*args, wg=False, wg64=False, wide=False):
         seen["block_n"], seen["slim"], seen["half"] = args[-3:]
         seen["wg"] = wg or wg64 or wide
 

@@ -9,7 +9,6 @@ each kernel variant the plan can choose (`triton.variants_for`), with this rank'
 
 import pytest
 import torch
-from window_lists import prefill_lists
 
 from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kernels.dispatch import device_capability
@@ -20,7 +19,6 @@ from sglang_dsv41.kernels.sparse_attn import (
     swa_window_slots,
     triton_flashmla,
     triton_workspace,
-    window_share,
 )
 from sglang_dsv41.kernels.sparse_attn import triton as tri
 from sglang_dsv41.kv.records import Layout, record_bytes
@@ -470,55 +468,3 @@ def test_cuda_kernel_exact_mode(layout, H, T, num_splits, build):
     assert H > 8 or tri.plan_for(T, H, 512, DEV, True).cuda
     err = _exact_err(T, H, 512, layout, cuda=True, num_splits=num_splits, **build)
     assert err < EXACT_BOUND
-
-
-@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-@pytest.mark.parametrize("H", [8, 16, 12])
-@pytest.mark.parametrize(
-    "lengths, shuffle", [([1100], 0), ([300, 517, 250], 3), ([40, 3, 61], 5), ([7], 0)]
-)
-def test_shared_windows_route(layout, H, lengths, shuffle):
-    """The prefill builds with the windows shared by neighbouring tokens (window_share): the
-    coverage flags follow the rule, covered tokens' window partials are within bf16 rounding
-    of the reference's, and the joined output (covered tokens: window partial + the CUDA
-    kernel's top-k; uncovered: their whole list) is within the 2x rule in fp32 and bf16 out;
-    a token that sees only the sink gets zeros. At 12 heads (no groups of 64 rows) the
-    variant runs without sharing: the plain build's output exactly."""
-    _cuda_or_skip()
-    W, TOPK, D = 128, 512, 512
-    sw, n_slots = prefill_lists(lengths, W, ctx=2000, floors=(0, 1900), shuffle=shuffle)
-    sw = sw.to(DEV)
-    T = sw.shape[0]
-    tk = torch.randint(0, 4096, (T, TOPK), device=DEV, dtype=torch.int32)
-    tk[0, TOPK // 3 :] = -1
-    if T > 2:
-        sw[2] = -1
-        tk[2] = -1
-    swa = _pool(Layout.V41, D, n_slots, sw[sw >= 0].unique())
-    kv = _pool(layout, D, 4096, tk[tk >= 0].unique())
-    q = torch.randn(T, H, D, device=DEV).to(torch.bfloat16)
-    sink = torch.randn(H, device=DEV)
-    base = "cuda_half_x5" if H <= 8 else "cuda_slim_x2"
-    launch, plain = tri.variants_for(H)[base + "_win"], tri.variants_for(H)[base]
-    assert launch["win_share"]
-    skv = SparseKV(swa, sw, kv, tk, layout)
-    if window_share.group_tokens(H) is None:
-        assert torch.equal(
-            sparse_attention(q, skv, sink, **launch), sparse_attention(q, skv, sink, **plain)
-        )
-        return
-    o_w, lse_w, cov = window_share.window_partials(q, swa, sw, D**-0.5)
-    assert torch.equal(cov.bool().cpu(), window_share.covered_ref(sw.cpu(), H))
-    G = window_share.group_tokens(H)
-    assert cov.sum().item() >= T - 2 * G * shuffle - G * len(lengths) - G
-    ref_o, ref_lse = window_share.partials_ref(q, swa, sw, D**-0.5)
-    c = cov.bool()
-    err_o = ((o_w[c].float() - ref_o[c]).norm() / ref_o[c].norm()).item()
-    assert err_o <= 4e-3, err_o  # bf16 partials (2^-9 relative rounding) from bf16 P
-    torch.testing.assert_close(lse_w[c], ref_lse[c], rtol=1e-5, atol=1e-4)
-    out, err, err_bf = _check(q, swa, sw, kv, tk, layout, sink, **launch)
-    bf = sparse_attention(q, skv, sink, **launch).float()
-    ref = sparse_attention_ref(q, skv, sink, None, torch.float32)
-    assert ((bf - ref).norm() / ref.norm()).item() <= 2 * err_bf + 1e-6
-    if T > 2:
-        assert (out[2] == 0).all() and (bf[2] == 0).all()
