@@ -61,7 +61,8 @@ WORKSPACE_MIN_TOKENS = 1024  # from here on (up to 32 heads) the kernel over a b
 # work per tile bounds the time)
 WIDE_UNDER_BLOCKS = 8
 # up to 8 bf16 heads from this many decode tokens to 127: the slim build with grids of three
-# blocks per SM (benchmarks/RESULTS.md, twelfth session: 8-25 % under tiles of 16 in grids of 2)
+# blocks per SM (benchmarks/RESULTS.md, twelfth session: 2.5-25 % under tiles of 16 in grids
+# of two blocks per SM)
 SLIM_X3_MIN_TOKENS = 40
 # fp32 q at D = 512 (the exact path, `_exact_variants`): under 8 programs of 16 heads, decode
 # and extend, T >= 1024 (benchmarks/RESULTS.md, "The served layer's exact path")
@@ -118,17 +119,17 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
 def _cuda_variant(T: int, H: int, exact: bool) -> str | None:
     """The CUDA kernel's variant for T tokens x H heads where it was the fastest on the H200
     (benchmarks/RESULTS.md), else None. Decode with fewer than 8 (token, block of heads) pairs
-    (blocks of 8 heads up to 8 bf16 heads and for fp32 q, else of 16): the wide build (eight warps a
-    block, splits filling the GPU once), e.g. below 8 tokens at up to 16 bf16 heads, one to three
-    tokens at 32, one at 64. Up to 8 heads the slim build (four blocks per SM) from 128 tokens (bf16
-    q: with grids of three blocks per SM from 40), in prefill the build with two warps a block (five
-    blocks per SM, four with fp32 q), else tiles of 16 in grids of 2 blocks per SM (3 for fp32 q
-    below 32 tokens). 9-16 bf16 heads: the slim build (one tile buffer, three stages of records) in
-    prefill and at 32-127 tokens, tiles of 32 ("cuda32_x2": two blocks per SM) otherwise. fp32 q at
-    any head count in blocks of 8 heads, each re-reading the records (the Triton exact path is
-    slower still), the half build from 128 tokens. Above 16 bf16 heads in decode past the wide build
-    the 64-head warpgroup kernel (blocks of 64 heads, 32 padded: each record dequantized once a
-    token)."""
+    (blocks of 8 heads up to 8 bf16 heads and for fp32 q, else of 16): the wide build (eight
+    warps a block, splits filling the GPU once), e.g. below 8 tokens at up to 16 bf16 heads,
+    one to three tokens at 32, one at 64. Up to 8 heads the slim build (four blocks per SM)
+    from 128 tokens, and for bf16 q from 40 tokens in grids of three blocks per SM; in prefill
+    the build with two warps a block (five blocks per SM, four with fp32 q); else tiles of 16
+    in grids of 2 blocks per SM (3 for fp32 q below 32 tokens). 9-16 bf16 heads: the slim
+    build (one tile buffer, three stages of records) in prefill and at 32-127 tokens, tiles of
+    32 ("cuda32_x2": two blocks per SM) otherwise. fp32 q at any head count in blocks of 8
+    heads, each re-reading the records (the Triton exact path is slower still), the half build
+    from 128 tokens. Above 16 bf16 heads in decode past the wide build the 64-head warpgroup
+    kernel (blocks of 64 heads, 32 padded: each record dequantized once a token)."""
     from sglang_dsv41.kernels.sparse_attn.cuda_decode import group_heads
 
     prefill = T >= WORKSPACE_MIN_TOKENS

@@ -296,9 +296,8 @@ def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
     assert tri.plan_for(1024, 8, 512, CPU, False, cuda=False).workspace  # prefill w/o it
     for H in (8, 16, 32, 64):  # every head count has the CUDA variants (the GPU tests run them)
         for exact in (False, True):
-            names = {"cuda_x2", "cuda_x3", "cuda32_x2", "cuda_slim_x2", "cuda_slim_x3"}
-            names |= {"cuda_slim_x4"}
-            names |= {"cuda_wide_x1"}
+            names = {"cuda_x2", "cuda_x3", "cuda32_x2", "cuda_wide_x1"}
+            names |= {"cuda_slim_x2", "cuda_slim_x3", "cuda_slim_x4"}
             names |= {"cuda_half_x4", "cuda_half_x5", "cuda_wg_x1"} if H <= 8 or exact else set()
             assert names <= set(tri.variants_for(H, exact)), H
 
