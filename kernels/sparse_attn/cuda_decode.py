@@ -252,10 +252,10 @@ def sparse_attention(
     """Launch over T tokens (grid T x splits x head groups of 32 `warps(defines)` threads);
     arguments as `triton.sparse_attention`. num_splits: per token, None = fill the GPU `per_sm`
     times; block_n: entries per tile, 16 or 32 (two blocks per SM; fewer barriers and softmax
-    steps per entry); slim, half: the builds for four / five blocks per SM, wide: eight warps a
-    block, wg: the warpgroup kernel, wg64: the 64-head warpgroup kernel (`defines_for`);
-    defines: extra NVRTC options
-    (benchmarks). The merge of the splits is a programmatic dependent launch (`merge.combine`:
+    steps per entry); slim, half: the builds for more blocks per SM (`defines_for`: slim four
+    at 8 heads a block, three at 16; half five), wide: eight warps a block, wg: the warpgroup
+    kernel, wg64: the 64-head warpgroup kernel; defines: extra NVRTC options (benchmarks). The
+    merge of the splits is a programmatic dependent launch (`merge.combine`:
     it starts while this kernel drains and waits for it before reading) unless defines say
     -DPDL=0."""
     from sglang_dsv41.kernels.sparse_attn import triton as tri

@@ -25,13 +25,14 @@ class Plan:
     fast: records dequantized by inline PTX where the kernel allows it (triton_kernel: 16-head
     programs, or 32 with the entries on M; bf16 q); False keeps Triton's own conversions;
     cuda: the CUDA kernel (cuda_decode; splits from num_splits / per_sm, tiles of block_n = 16
-    or 32 entries); slim: its build for four blocks per SM (tiles of 16, one tile buffer, two
-    stages of records); half: its build with two warps a block, each half of the head
-    dimension (tiles of 16, one tile buffer, two stages; at most 8 heads a block); wide: its
-    build with eight warps a block, each an eighth of the head dimension (tiles of 16, two
-    blocks per SM; a block's chain of work per tile about half as long); wg: the
-    warpgroup kernel (cuda_wgmma.cu: wgmma over tiles of 64 entries, producer and consumer
-    warpgroups, one block per SM, blocks of 8 heads; measured, chosen nowhere yet); wg64: the
+    or 32 entries); slim: its build with one tile buffer (tiles of 16; two stages of records
+    and four blocks per SM at 8 heads a block, three and three at 16); half: its build with
+    two warps a block, each half of the head dimension (tiles of 16, one tile buffer, two
+    stages; at most 8 heads a block); wide: its build with eight warps a block, each an eighth
+    of the head dimension (tiles of 16, two blocks per SM; a block's chain of work per tile
+    about half as long); wg: the warpgroup kernel (cuda_wgmma.cu: wgmma over tiles of 64
+    entries, producer and consumer warpgroups, one block per SM, blocks of 8 heads; measured,
+    chosen nowhere yet); wg64: the
     64-head warpgroup kernel (cuda_wg64.cu: the heads on wgmma's M axis, tiles of 64 entries,
     one block per SM, blocks of 64 heads, bf16 q).
     """
