@@ -14,6 +14,19 @@ import torch
 from sglang_dsv41.tools.cli import cli_parser
 
 
+def load_tokenizer(model_dir: str):
+    """The checkpoint's tokenizer, the class its tokenizer_config.json names.
+
+    Without a `config`, AutoTokenizer parses config.json to learn the model type, and
+    transformers, which does not know `deepseek_v41` (only the SGLang plugin registers it),
+    warns on every load that the checkpoint is of another type. The model type only matters
+    when tokenizer_config.json names no class, which V4.1 checkpoints do, so an empty config
+    is passed instead."""
+    from transformers import AutoTokenizer, PretrainedConfig
+
+    return AutoTokenizer.from_pretrained(model_dir, config=PretrainedConfig())
+
+
 def main(argv=None) -> int:
     ap = cli_parser("sglang_dsv41.reference", __doc__)
     ap.add_argument("--model", required=True, help="checkpoint directory")
@@ -43,9 +56,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads or 1)
     tok = None
     if args.prompt is not None:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(args.model)
+        tok = load_tokenizer(args.model)
         ids = tok.encode(args.prompt)
     else:
         try:
@@ -62,9 +73,7 @@ def main(argv=None) -> int:
     result = {"input_len": len(ids), "output_ids": out, "seconds": round(time.time() - t0, 3)}
     if tok is None:
         try:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(args.model)
+            tok = load_tokenizer(args.model)
         except Exception:
             tok = None
     result["text"] = tok.decode(out) if tok is not None else None

@@ -10,17 +10,22 @@ Two record layouts of the same model:
 A request of L tokens holds `per_token * L + per_request` bytes.
 
 Deployments on one node of 8 GPUs, budget per GPU = capacity - reserve - weights on that GPU:
-    TP8     every weight split 8 ways; the single KV head cannot be split, so every GPU holds
-            the KV of every request: requests per node = requests per GPU.
-    DP8     DP attention (`--attn-dp-size 8`): attention weights, embedding and head replicated,
-            the rest (MoE, Engram tables) split 8 ways; each GPU holds its own requests' KV:
-            requests per node = 8 x requests per GPU.
+    TP8     the tensors SGLang's in-tree V4 model keeps whole on every rank (`replicated_under`:
+            wq_a, wkv, norms, compressors, indexers, mHC, router, Engram's wkv and gates) plus
+            an eighth of the rest (wq_b / wo_a / wo_b by heads, experts, embedding and head by
+            rows, Engram tables); the single KV head cannot be split, so every GPU holds the KV
+            of every request: requests per node = requests per GPU.
+    DP8     DP attention (`--attn-dp-size 8`): the TP8 set plus all attention weights,
+            embedding and head whole on every GPU, the rest (MoE, Engram tables) split 8 ways;
+            each GPU holds its own requests' KV: requests per node = 8 x requests per GPU.
 Weights are the released checkpoint's text tensors (`weights.release_manifest`: FP8 / FP4 with
-their scales; MTP and vision excluded). GPU capacities are the datasheets' (decimal GB).
+their scales; MTP and vision excluded), in GiB (2^30 B). GPU capacities are the datasheets'
+(decimal GB: 141e9 B for the H200).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 from sglang_dsv41.config import DeepseekV41Config
@@ -73,22 +78,43 @@ def v4_footprint(cfg: DeepseekV41Config) -> Footprint:
     return Footprint("v4", per_token, per_request)
 
 
+_WHOLE_ON_EVERY_TP_RANK = re.compile(
+    r"\.attn\.(wq_a|wkv|compressor|indexer)\.|norm\.weight$|\.hc_(attn|ffn)_"
+    r"|\.ffn\.gate\.|\.engram\.(wkv\.|q_weight$|k_weight$)"
+)
+
+
+def replicated_under(deployment: str, name: str) -> bool:
+    """True when every GPU of `deployment` (TP8 or DP8) holds the released tensor `name` whole.
+
+    TP8: what SGLang's in-tree V4 model builds as replicated (ReplicatedLinear wq_a / wkv, the
+    compressor and indexer, norms, mHC, the router, Engram's wkv and gates); DP8 adds every
+    attention tensor and the embedding, final norm and head."""
+    if deployment == "TP8":
+        return bool(_WHOLE_ON_EVERY_TP_RANK.search(name))
+    if deployment == "DP8":
+        return replicated_under("TP8", name) or ".attn." in name or not name.startswith("layers.")
+    raise ValueError(f"deployment must be TP8 or DP8, got {deployment!r}")
+
+
 def weight_split(cfg: DeepseekV41Config) -> dict:
-    """Released text weights in bytes: {'total', 'replicated_under_dp'} (attention, embed, head)."""
+    """Released text weights in bytes: {'total', 'replicated_TP8', 'replicated_DP8'}."""
     from sglang_dsv41.weights.release_manifest import manifest_bytes, release_manifest
 
     m = release_manifest(cfg)
-    rep = {k: v for k, v in m.items() if ".attn." in k or not k.startswith("layers.")}
-    return {"total": manifest_bytes(m), "replicated_under_dp": manifest_bytes(rep)}
+    out = {"total": manifest_bytes(m)}
+    for dep in ("TP8", "DP8"):
+        whole = {k: v for k, v in m.items() if replicated_under(dep, k)}
+        out[f"replicated_{dep}"] = manifest_bytes(whole)
+    return out
 
 
 def weights_per_gpu(weights: dict, deployment: str) -> float:
-    if deployment == "TP8":
-        return weights["total"] / N_GPUS
-    if deployment == "DP8":
-        rep = weights["replicated_under_dp"]
-        return (weights["total"] - rep) / N_GPUS + rep
-    raise ValueError(f"deployment must be TP8 or DP8, got {deployment!r}")
+    """Bytes of weights on one GPU: the replicated tensors whole, an eighth of the rest."""
+    if deployment not in ("TP8", "DP8"):
+        raise ValueError(f"deployment must be TP8 or DP8, got {deployment!r}")
+    rep = weights[f"replicated_{deployment}"]
+    return (weights["total"] - rep) / N_GPUS + rep
 
 
 def capacity_rows(

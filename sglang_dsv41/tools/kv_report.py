@@ -15,7 +15,8 @@ upstream SGLang, vLLM and FlashMLA use on Hopper; index K unchanged.
 --budget-gib sizes a pool as the server does ("pool_sizing" in --json). --plot writes resident
 bytes against context length (8K .. 1M) for this package and upstream's V4 layout, and what fits
 next to the weights per GPU at TP8 / DP8 on 8xH200 and 8xB200 (tools/kv_capacity.py says how);
---json then carries the same numbers under "capacity".
+--json carries the same numbers under "capacity", and the text report ends with the weights per
+GPU (GiB = 2^30 B).
 """
 
 from __future__ import annotations
@@ -128,6 +129,14 @@ def _text(rep: dict, name: str) -> str:
         f"{pool['request_slot_state_bytes']} B per request slot "
         f"(decoder SWA rings of {pool['ring_layers']} layers: {pool['ring_bytes_per_request']} B)",
     ]
+    w = rep.get("capacity", {}).get("rows")
+    if w:
+        per_gpu = {r["deployment"]: r["weights_gib_per_gpu"] for r in w}
+        out.append(
+            f"released text weights {rep['capacity']['weights_gib']['total']:.2f} GiB: "
+            f"{per_gpu['TP8']:.2f} GiB per GPU at TP8, {per_gpu['DP8']:.2f} GiB under DP8 "
+            "attention (tools/kv_capacity.py)"
+        )
     cap = rep.get("pool_sizing")
     if cap:
         out.append(
@@ -168,8 +177,7 @@ def main(argv=None) -> int:
             g, int(args.budget_gib * 2**30), args.requests, args.chunk, ctx, args.page
         )
     name = args.model or args.preset
-    if args.json or args.plot:
-        rep["capacity"] = _capacity(cfg, args.preset, args.reserve_gib)
+    rep["capacity"] = _capacity(cfg, args.preset, args.reserve_gib)
     if args.plot:
         from sglang_dsv41.tools.kv_plot import plot_capacity
 

@@ -69,7 +69,8 @@ def test_plot_and_json_on_tiny(tiny, tmp_path, capsys):
     # without --json the text report is unchanged and the plot is still written
     png2 = tmp_path / "kv2.png"
     assert kv_report.main(["--model", str(tiny), "--plot", str(png2), "--reserve-gib", "20"]) == 0
-    assert "global state:" in capsys.readouterr().out and png2.exists()
+    text = capsys.readouterr().out
+    assert "global state:" in text and "GiB per GPU at TP8" in text and png2.exists()
 
 
 def test_flash_capacity_figures(capsys):
@@ -84,9 +85,39 @@ def test_flash_capacity_figures(capsys):
     _check_rows(cap, 12.0)
     by = {(r["gpu"], r["deployment"], r["layout"], r["context"]): r for r in cap["rows"]}
     tp, dp = by[("8xH200", "TP8", "dsv41", 2**20)], by[("8xH200", "DP8", "dsv41", 2**20)]
-    assert math.isclose(tp["weights_gib_per_gpu"], cap["weights_gib"]["total"] / 8)
+    w = cap["weights_gib"]
+    # TP8: the ~1 GiB SGLang keeps whole on every rank (wq_a, wkv, compressors, indexers, norms,
+    # mHC, router, Engram's wkv), an eighth of the rest; DP8 adds the attention, embed and head
+    assert 0.9 < w["replicated_TP8"] < 1.1 and w["replicated_TP8"] < w["replicated_DP8"]
+    tp_gib = (w["total"] - w["replicated_TP8"]) / 8 + w["replicated_TP8"]
+    assert math.isclose(tp["weights_gib_per_gpu"], tp_gib)
     assert dp["weights_gib_per_gpu"] > tp["weights_gib_per_gpu"]
     for key in by:
         if key[2] == "dsv41":
             v4 = by[(key[0], key[1], "v4", key[3])]
             assert by[key]["requests_per_gpu"] >= v4["requests_per_gpu"]
+
+
+@pytest.mark.parametrize(
+    ("name", "tp8", "dp8"),
+    [
+        ("layers.3.attn.wq_a.weight", True, True),
+        ("layers.3.attn.wkv.scale", True, True),
+        ("layers.3.attn.compressor.wkv.weight", True, True),
+        ("layers.3.attn.indexer.wq_b.weight", True, True),
+        ("layers.3.engram.wkv.weight", True, True),
+        ("layers.3.ffn.gate.weight", True, True),
+        ("layers.3.hc_attn_fn", True, True),
+        ("norm.weight", True, True),
+        ("layers.3.attn.wq_b.weight", False, True),
+        ("layers.3.attn.wo_b.weight", False, True),
+        ("layers.3.attn.attn_sink", False, True),
+        ("embed.weight", False, True),
+        ("layers.3.engram.embed.weight", False, False),
+        ("layers.3.ffn.experts.7.w1.weight", False, False),
+        ("layers.3.ffn.shared_experts.w2.weight", False, False),
+    ],
+)
+def test_replicated_tensors(name, tp8, dp8):
+    assert kv_capacity.replicated_under("TP8", name) is tp8
+    assert kv_capacity.replicated_under("DP8", name) is dp8
