@@ -13,9 +13,9 @@ cos / sin that angle's unit complex number (`torch.polar`: the host C library's 
 which SGLang's kernels read as the (real, imag) = (cos, sin) pairs of `view_as_real`. Everything
 is computed on the host: a CUDA cosf / sinf can differ from the host's by an ulp, and an ulp can
 move an FP4 / FP8 record value across a rounding boundary. Positions on a device read a table of
-positions [0, max_position_embeddings) built once on the host and copied there
-(`device_table`), so the CPU oracle and every device agree bit for bit; a float64
-model rotates by the same fp32 values cast up (`rotate_pairs`).
+positions [0, max_position_embeddings) built once on the host and copied there (`device_table`),
+so the CPU oracle and every device agree bit for bit; a float64 model rotates by the same fp32
+values cast up (`rotate_pairs`).
 """
 
 import math
