@@ -2,17 +2,22 @@
 
     python benchmarks/bench_decode_stack.py [--quick] [--json PATH] [--budget-gb 120]
                                              [--batches 32] [--contexts 8192,1048576] [--exact-q]
+                                             [--page-size 64] [--replay]
     python benchmarks/bench_decode_stack.py --dry-run [--json PATH]   (CPU, tiny preset, refs)
 
-The step (benchmarks/decode_stack.py): 40 layers of every role (SWA-only L0-1; Full at L2/8/14
-ratio 2 and L20 ratio 1, the candidate source; Reindex at L24/28/32/36; Reuse elsewhere), q /
-SWA-kv / compressor / indexer / output projections at real widths with random bf16 weights, the
-stores, the indexer and sparse attention through the kernel dispatchers, for batch 1 / 32 / 128
-and context 8K / 128K / 1M (--quick: batch 1 / 32, context 8K / 1M). Columns, same run:
-    ours      V41 SWA + V41_FP4 main KV, Reindex over the candidate pool, our sparse attention
-              (bf16 queries; --exact-q: fp32 queries, the exact path the served layer takes)
+The step: 40 layers of every role (SWA-only L0-1; Full at L2/8/14 ratio 2 and L20 ratio 1, the
+candidate source; Reindex at L24/28/32/36; Reuse elsewhere), q / SWA-kv / compressor / indexer /
+output projections at real widths with random bf16 weights, for batch 1 / 32 / 128 and context
+8K / 128K / 1M (--quick: batch 1 / 32, context 8K / 1M). Columns, same run:
+    ours      the served path (benchmarks/decode_stack.py): `serving.context.decode_context`,
+              `serving.layer_loop.run_layers` and `serving.attention.attention_layer` over a
+              `RecordBuffers` pool (V41 SWA, V41_FP4 main KV, 68 B index K; Reindex over the
+              candidate pool; our sparse attention), with bf16 attention I/O (--exact-q: fp32
+              queries, the served default); SWA windows in the SWA pool (--replay: the decoder's
+              in request rings, as the server with bounded replay on); pages of --page-size
     upstream  V4 584 B records, Reindex over the whole context then masked, FlashMLA's SM90
-              legacy sparse decode (`flash_mla`); unavailable where flash_mla does not import
+              legacy sparse decode (`flash_mla`; benchmarks/decode_stack_upstream.py);
+              unavailable where flash_mla does not import
     proj      the projections and layer math alone (shared by both; per batch)
 Times: median of `triton.testing.do_bench` over CUDA-graph replays of the whole step (L2
 flushed before each replay), microseconds. A layout whose KV for a config (bytes per request x
@@ -40,6 +45,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decode_stack as ds  # noqa: E402  (benchmarks/ is not a package)
+import decode_stack_upstream as dsu  # noqa: E402
 from graph_timing import graph_us  # noqa: E402
 
 from sglang_dsv41.config import preset  # noqa: E402
@@ -94,36 +100,54 @@ def in_pool(ids: torch.Tensor, pool: torch.Tensor, block: int) -> bool:
     return bool((inside | (ids < 0)).all())
 
 
-def check_ours(cfg, layers, batch, caches, h0) -> dict:
+def check_ours(cfg, stack: ds.ServedStack) -> dict:
     """Eager step with a trace: finite output; pooled vs whole-context Reindex per layer."""
-    trace = {}
-    out = ds.decode_step(cfg, layers, batch, caches, h0, trace=trace)
-    agree = [agreement(a, b) for a, b, _ in trace.values()]
-    inside = all(in_pool(a, p, cfg.candidate_block_size) for a, _, p in trace.values())
+    with ds.reindex_trace(dsu.reindex_whole_context) as calls:
+        out = stack.step()
+    layers = [i for i in range(cfg.num_hidden_layers) if cfg.uses_candidates(i)]
+    if len(calls) != len(layers):
+        raise RuntimeError(f"{len(calls)} Reindex calls in the step, {len(layers)} layers")
+    agree = [agreement(a, b) for a, b, _ in calls]
+    inside = all(in_pool(a, p, cfg.candidate_block_size) for a, _, p in calls)
     return dict(
         finite=bool(torch.isfinite(out).all()),
-        reindex_layers=sorted(trace),
+        reindex_layers=layers,
         reindex_agree=min(agree) if agree else None,
         reindex_in_pool=inside,
     )
 
 
-def run_layout(cfg, layers, batch, index_k, h0, layout, device, flashmla, exact_q=False) -> dict:
-    """Time one layout's step (caches built here, freed on return): {us, check fields}."""
-    caches = ds.make_caches(cfg, batch, layout, index_k, device, flashmla=flashmla)
-    caches.exact_q = exact_q and layout == "ours"
+def run_ours(cfg, model, B, ctx, device, args) -> dict:
+    """Time our served step (its pool built here, freed on return): {us, check fields}."""
+    attn_dtype = None if args.exact_q else torch.bfloat16
+    stack = ds.served_stack(
+        model, B, ctx, device, args.page_size, args.replay, attn_dtype, seed=B + ctx
+    )
     try:
-        res = {"alloc_gb": caches.nbytes() / 1e9}
-        if layout == "ours":
-            res.update(check_ours(cfg, layers, batch, caches, h0))
-        else:
-            out = ds.decode_step(cfg, layers, batch, caches, h0)
-            res["finite"] = bool(torch.isfinite(out).all())
-        if layout != "upstream" or caches.fm_meta is not None:
-            res["us"] = step_us(lambda: ds.decode_step(cfg, layers, batch, caches, h0), device)
+        res = {"alloc_gb": stack.nbytes() / 1e9}
+        res.update(check_ours(cfg, stack))
+        res["us"] = step_us(stack.step, device)
         return res
     finally:
-        caches = None  # the pools go before the next layout allocates its own
+        stack = None  # the pool goes before the next layout allocates its own
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run_upstream(cfg, layers, B, ctx, device, flashmla) -> dict:
+    """Time upstream's step (its caches built here, freed on return): {us, finite}."""
+    batch = dsu.make_batch(B, ctx, cfg.sliding_window, device, seed=B + ctx)
+    h0 = torch.randn(B, cfg.hidden_size, device=device).to(layers[0].wq_a.weight.dtype)
+    caches = dsu.make_caches(cfg, batch, "upstream", device, flashmla=flashmla)
+    try:
+        res = {"alloc_gb": caches.nbytes() / 1e9}
+        out = dsu.decode_step(cfg, layers, batch, caches, h0)
+        res["finite"] = bool(torch.isfinite(out).all())
+        if caches.fm_meta is not None:
+            res["us"] = step_us(lambda: dsu.decode_step(cfg, layers, batch, caches, h0), device)
+        return res
+    finally:
+        caches = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -139,6 +163,8 @@ def main(argv=None):
     ap.add_argument(
         "--exact-q", action="store_true", help="ours with fp32 queries (the served layer's)"
     )
+    ap.add_argument("--page-size", type=int, default=ds.PAGE, help="ours: the pool's page")
+    ap.add_argument("--replay", action="store_true", help="ours: decoder SWA in request rings")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     if args.dry_run:
@@ -161,7 +187,10 @@ def main(argv=None):
         dry_run=args.dry_run,
         flash_mla=flashmla,
         flash_mla_status=why,
+        ours_path="served (serving.layer_loop.run_layers)",
         ours_queries="fp32 (exact path)" if args.exact_q else "bf16",
+        page_size=args.page_size,
+        replay=args.replay,
         budget_gb=args.budget_gb,
         roles={r: cfg.roles().count(r) for r in sorted(set(cfg.roles()))},
         bytes_per_token={k: f.per_token for k, f in fp.items()},
@@ -171,6 +200,7 @@ def main(argv=None):
     # bf16 weights; the dry run's fp32 only saves CPU time
     wdtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     layers = ds.build_layers(cfg, device, wdtype)
+    model = ds.StackModel(cfg, layers, max(batches), device, wdtype)
     res["weights_gb"] = ds.layers_bytes(layers) / 1e9
     print(f"{res['device']}: {cfg.num_hidden_layers} layers {res['roles']}, weights "
           f"{res['weights_gb']:.1f} GB, flash_mla {flashmla}", flush=True)  # fmt: skip
@@ -182,10 +212,10 @@ def main(argv=None):
 
     res["proj_us"] = {}
     for B in batches:
-        batch = ds.make_batch(B, min(contexts), cfg.sliding_window, device)
+        batch = dsu.make_batch(B, min(contexts), cfg.sliding_window, device)
         h0 = torch.randn(B, cfg.hidden_size, device=device).to(wdtype)
-        caches = ds.make_caches(cfg, batch, "proj", {}, device)
-        res["proj_us"][B] = step_us(lambda: ds.decode_step(cfg, layers, batch, caches, h0), device)
+        caches = dsu.make_caches(cfg, batch, "proj", device)
+        res["proj_us"][B] = step_us(lambda: dsu.decode_step(cfg, layers, batch, caches, h0), device)
         print(f"proj batch {B}: {res['proj_us'][B]:.1f} us", flush=True)
     caches = None
 
@@ -203,26 +233,20 @@ def main(argv=None):
             if "upstream" in runs and not flashmla and device.type == "cuda":
                 row["upstream_note"] = f"unavailable: {why}"
                 runs.remove("upstream")
-            if runs:
-                batch = ds.make_batch(B, ctx, cfg.sliding_window, device, seed=B + ctx)
-                h0 = torch.randn(B, cfg.hidden_size, device=device).to(wdtype)
-                index_k = ds.index_pools(cfg, batch, device)
-                for k in runs:
-                    try:
-                        r = run_layout(
-                            cfg, layers, batch, index_k, h0, k, device, flashmla, args.exact_q
-                        )
-                    except torch.cuda.OutOfMemoryError as exc:
-                        row[f"{k}_note"] = f"out of memory: {str(exc).splitlines()[0][:160]}"
-                        torch.cuda.empty_cache()
-                        continue
-                    row[f"{k}_us"] = r.pop("us", None)
-                    row.update({f"{k}_{n}": v for n, v in r.items()})
-                    if k == "upstream" and row["upstream_us"] is None:
-                        row["upstream_note"] = "unavailable: no flash_mla (plumbing ran)"
-                del index_k, batch, h0
-                if device.type == "cuda":
+            for k in runs:
+                try:
+                    if k == "ours":
+                        r = run_ours(cfg, model, B, ctx, device, args)
+                    else:
+                        r = run_upstream(cfg, layers, B, ctx, device, flashmla)
+                except torch.cuda.OutOfMemoryError as exc:
+                    row[f"{k}_note"] = f"out of memory: {str(exc).splitlines()[0][:160]}"
                     torch.cuda.empty_cache()
+                    continue
+                row[f"{k}_us"] = r.pop("us", None)
+                row.update({f"{k}_{n}": v for n, v in r.items()})
+                if k == "upstream" and row["upstream_us"] is None:
+                    row["upstream_note"] = "unavailable: no flash_mla (plumbing ran)"
             ours, up = row.get("ours_us"), row.get("upstream_us")
             row["time_ratio"] = ours / up if ours and up else None
             p = row["proj_us"]

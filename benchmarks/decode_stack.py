@@ -1,67 +1,55 @@
-"""One decode step of the whole V4.1 attention stack, in our layout or upstream's Hopper layout.
+"""One decode step of the whole V4.1 attention stack through the served path (ours).
 
-Used by benchmarks/bench_decode_stack.py. B requests each hold `ctx` tokens and decode the token
-at position ctx - 1 (so every ratio-2 source completes an entry this step: the costlier of its
-two steps). Per layer i, with the layer math of `layers/` (MqaAttentionBase: random bf16 weights)
-and the kernels through their dispatchers and argument bundles:
+Used by benchmarks/bench_decode_stack.py (its peer, upstream's Hopper layout, is
+`decode_stack_upstream.py`). B requests each hold `ctx` tokens and decode position ctx - 1 (so
+every ratio-2 source completes an entry this step: the costlier of its two steps). The step is
+the served code end to end: `serving.context.decode_context` (built from device tensors, as the
+backend's in-graph metadata), `serving.layer_loop.run_layers`, and per layer
+`serving.attention.attention_layer` with its stores, windows (`PoolWindow`, or the decoder's rings
+with replay on), selection and attention, over a `serving.buffers.RecordBuffers` pool with
+SGLang's slot table and full -> SWA mapping laid out as its allocators would. The layers are
+`MqaAttentionBase` with random bf16 weights; the FFN, mHC and Engram are left out of the loop
+(`AttentionOnly`), so each layer does
 
-    h += attention_i(rms_norm(h))        (the FFN, mHC and Engram are not part of this step)
+    h += attention_i(attn_norm(h))
 
-    every layer   q = wq_b(q_norm(wq_a x)) + RoPE; SWA row wkv x -> store (kv_norm, RoPE)
-    Full          compressor (ratio 2 pairs the request's pending token) -> main-KV store;
-                  wk(latent) -> index-K store (k_norm, RoPE)
-    Full/Reindex  indexer queries (wq_b, RoPE, FP4) and weights_proj; Full scan (full_topk),
-                  candidate source (L20: own top-k + 2048-block pool) or Reindex
-    all but SWA   sparse attention over the SWA window + the index source's top-512 of the kv
-                  source's main KV (its pool rows mapped once per index source, reused by the
-                  Reuse layers); SWA-only layers over the window alone; then inverse RoPE,
-                  grouped wo_a, wo_b
-
-Layouts (`Caches.layout`):
-    ours      V41 (528 B) SWA, V41_FP4 (288 B) main KV, 68 B index K; Reindex scores only the
-              candidate pool (kernels.indexer.reindex); attention: kernels.sparse_attention.
-    upstream  V4 584 B records for SWA and main KV, the same 68 B index K; Reindex scores the
-              whole context and then masks to the pool (`reindex_whole_context`); attention:
-              FlashMLA's SM90 legacy sparse decode (`flash_mla`, use_legacy=True). This package
-              has no V4 record writer, so upstream's SWA / main-KV stores are timed as our fused
-              V41 store of the same rows into a scratch buffer (one record per request and layer
-              either way); its pools hold random V4 records.
-    proj      the projections and layer math alone, no store, selection or attention (o = q):
-              the part both layouts share.
+    every layer   q = wq_b(q_norm(wq_a x)) + RoPE; SWA row wkv x -> V41 store (kv_norm, RoPE)
+    Full          compressor (ratio 2 pairs the request's pending token) -> V41_FP4 main-KV
+                  store; wk(latent) -> index-K store (k_norm, RoPE)
+    Full/Reindex  indexer queries and weights; Full scan, candidate source (its own top-k and
+                  the block pool) or Reindex over the pool
+    all but SWA   sparse attention over the SWA window + the index source's top-k of the kv
+                  source's main KV (mapped once per index source, reused by the Reuse layers);
+                  SWA-only layers over the window alone; then inverse RoPE, grouped wo_a, wo_b
 Pools hold random valid records (finite values, scales in a normal range); each request's pages
-are shuffled through one pool (slot order != entry order), one token page table of P = 64 for
-every source (a ratio-r source keeps P / r entries per page), as serving does.
+are shuffled through the pool (slot order != entry order) and its window's SWA slots through
+the SWA pool.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
 from torch import nn
 
 from sglang_dsv41.config import DeepseekV41Config
-from sglang_dsv41.kernels import dispatch
 from sglang_dsv41.kernels import indexer as kidx
-from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK, SparseKV
-from sglang_dsv41.kernels.dispatch import Path
-from sglang_dsv41.kernels.indexer.ref import reindex_ref
-from sglang_dsv41.kernels.kv_store import store_index_k, store_latent, store_records, store_swa
-from sglang_dsv41.kernels.sparse_attn import sparse_attention
-from sglang_dsv41.kv.pages import slot_of
-from sglang_dsv41.kv.records import Layout, record_bytes
-from sglang_dsv41.layers.attention import MqaAttentionBase
-from sglang_dsv41.layers.norm import rms_norm
-from sglang_dsv41.tools.kv_capacity import v4_record_bytes
+from sglang_dsv41.kv.records import Layout
+from sglang_dsv41.layers.attention import MqaAttentionBase, set_attention_dtype
+from sglang_dsv41.layers.norm import RMSNorm
+from sglang_dsv41.layers.residual import PlainResidual
+from sglang_dsv41.serving.buffers import RecordBuffers
+from sglang_dsv41.serving.context import decode_context
+from sglang_dsv41.serving.layer_loop import run_layers
 
-PAGE = 64  # tokens per page (and FlashMLA's page block of 64 records)
-NEG_INF = float("-inf")
-LAYOUTS = ("ours", "upstream", "proj")
+PAGE = 64  # the served pool's page size here (SGLang's --page-size)
 
 
 def build_layers(cfg: DeepseekV41Config, device, dtype=torch.bfloat16) -> list:
     """Every attention layer of cfg with random weights: Linear weights in dtype (default init,
-    U(+-in^-1/2)), norms at one, sinks N(0, 1) fp32, RoPE tables fp32."""
+    U(+-in^-1/2)), norms at one, sinks N(0, 1) fp32."""
     layers = []
     g = torch.Generator(device=device).manual_seed(0)
     for i in range(cfg.num_hidden_layers):
@@ -80,51 +68,6 @@ def layers_bytes(layers: list) -> int:
     return sum(p.numel() * p.element_size() for a in layers for p in a.parameters())
 
 
-@dataclasses.dataclass
-class Batch:
-    """B decode requests of ctx tokens each, decoding position ctx - 1.
-
-    pos        int64 [B]     ctx - 1
-    req        int32 [B]     page-table row of each request (arange)
-    page_table int32 [B, ctx / P]  token pages, shuffled through n_pages pages
-    swa_slots  int32 [B, W]  each request's window in every SWA cache, oldest first; the last
-                             slot is this step's row
-    swa_rows   rows of every SWA cache (a multiple of P)
-    """
-
-    ctx: int
-    pos: torch.Tensor
-    req: torch.Tensor
-    page_table: torch.Tensor
-    n_pages: int
-    swa_slots: torch.Tensor
-    swa_rows: int
-
-    @property
-    def size(self) -> int:
-        return self.pos.shape[0]
-
-
-def make_batch(B: int, ctx: int, window: int, device, seed: int = 0) -> Batch:
-    if ctx % PAGE or ctx < window:
-        raise ValueError(f"ctx must be a multiple of {PAGE} and >= the window, got {ctx}")
-    g = torch.Generator(device=device).manual_seed(seed)
-    pages = ctx // PAGE
-    n_pages = -(-(B * pages + 1) // 2) * 2  # + a spare page; even: ratio-2 pools in 64-row blocks
-    perm = torch.randperm(n_pages, device=device, generator=g)[: B * pages]
-    swa_rows = -(-(2 * window * B) // PAGE) * PAGE
-    swa = torch.randperm(swa_rows, device=device, generator=g)[: B * window]
-    return Batch(
-        ctx=ctx,
-        pos=torch.full((B,), ctx - 1, dtype=torch.int64, device=device),
-        req=torch.arange(B, dtype=torch.int32, device=device),
-        page_table=perm.view(B, pages).int(),
-        n_pages=n_pages,
-        swa_slots=swa.view(B, window).int(),
-        swa_rows=swa_rows,
-    )
-
-
 # byte range of a record's scales and the range of scale bytes written there (valid, moderate)
 _SCALES = {
     Layout.V41: lambda n: (n - n // 33, n, 118, 128),  # UE8M0 2^-9 .. 2^0
@@ -133,249 +76,172 @@ _SCALES = {
 }
 
 
-def random_records(rows: int, nbytes: int, layout: Layout | None, device, gen) -> torch.Tensor:
-    """uint8 [rows, nbytes] filled in place: value bytes < 0x70 (finite e4m3 / e2m1 codes),
+def fill_records(t: torch.Tensor, layout: Layout | None, gen) -> torch.Tensor:
+    """Fill uint8 [..., nbytes] records in place: value bytes < 0x70 (finite e4m3 / e2m1 codes),
     scale bytes of `layout` in a moderate range. V4 records (layout None): every byte < 0x3C,
-    so any reading of a byte (e4m3, UE8M0, the high byte of a bf16 or fp32) is finite and
-    at most 2: FlashMLA's output over them stays finite."""
-    t = torch.empty(rows, nbytes, dtype=torch.uint8, device=device)
+    so any reading of a byte (e4m3, UE8M0, the high byte of a bf16 or fp32) is finite and at
+    most 2: FlashMLA's output over them stays finite."""
+    nbytes = t.shape[-1]
     t.random_(0, 0x70 if layout is not None else 0x3C, generator=gen)
     if layout is Layout.INDEX_K:
-        t[:, : nbytes * 16 // 17].random_(0, 256, generator=gen)
+        t[..., : nbytes * 16 // 17].random_(0, 256, generator=gen)
     if layout is not None:
         a, b, lo, hi = _SCALES[layout](nbytes)
-        t[:, a:b].random_(lo, hi, generator=gen)
+        t[..., a:b].random_(lo, hi, generator=gen)
     return t
 
 
-def entry_rows(cfg, batch: Batch, src: int) -> int:
-    """Rows of a kv source's main-KV / index-K pool: P / ratio entries per page."""
-    return batch.n_pages * (PAGE // cfg.ratio(src))
+def random_records(rows: int, nbytes: int, layout: Layout | None, device, gen) -> torch.Tensor:
+    """uint8 [rows, nbytes] of random valid records (`fill_records`)."""
+    t = torch.empty(rows, nbytes, dtype=torch.uint8, device=device)
+    return fill_records(t, layout, gen)
+
+
+class AttentionOnly(PlainResidual):
+    """The pre-norm residual with the FFN left out: the served loop then does
+    h += attn(attn_norm(h)) per layer and nothing else."""
+
+    def ffn_input(self, state, block):
+        return None
+
+    def ffn_done(self, state, block, y):
+        return state
+
+
+class Block(nn.Module):
+    """A layer of the attention-only stack: its attention and attn_norm (weight one)."""
+
+    def __init__(self, attn: MqaAttentionBase, eps: float):
+        super().__init__()
+        self.attn, self.attn_norm = attn, RMSNorm(attn.cfg.hidden_size, eps)
+
+    @staticmethod
+    def ffn(x):
+        return None
+
+
+class StackModel(nn.Module):
+    """What `run_layers` reads of a model, around the attention layers: an embedding of B random
+    rows (the step's input h0 = embed(arange(B))), the blocks, the final norm, the residual and
+    the head's dtype (no head is applied)."""
+
+    def __init__(self, cfg: DeepseekV41Config, layers: list, rows: int, device, dtype):
+        super().__init__()
+        self.cfg = cfg
+        with torch.device(device):
+            self.embed = nn.Embedding(rows, cfg.hidden_size).to(dtype).requires_grad_(False)
+            self.layers = nn.ModuleList(Block(a, cfg.rms_norm_eps) for a in layers)
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.head = nn.Linear(cfg.hidden_size, 1, bias=False).to(dtype)
+        self.requires_grad_(False)
+        self.residual, self.engram_hasher = AttentionOnly(), None
 
 
 @dataclasses.dataclass
-class Caches:
-    """What one layout's step reads and writes.
+class ServedStack:
+    """A decode batch on the served path: B requests in request slots 1..B of `pool`, each with
+    ctx tokens in the slot table `r2t` int32 [B + 1, ctx] (row 0 padding), decoding position
+    ctx - 1 at full slot out_loc. `step()` is one forward (no host sync: CUDA-graph safe)."""
 
-    swa      per layer uint8 [swa_rows, 528 | 584] (None in `proj`)
-    main     per kv source uint8 [rows, 288 | 584]
-    index_k  per kv source uint8 [rows, 68] (shared by both layouts)
-    pending  per ratio-2 source fp32 [B, 2, D]: the request's unpaired (c, z)
-    scratch  upstream: uint8 [B, 528], where its stand-in stores write
-    fm_meta  upstream: one FlashMLA scheduler metadata per layer (None: no FlashMLA)
-    exact_q  ours: attention takes the fp32 queries (the served layer's exact path), not bf16
-    """
+    model: StackModel
+    pool: RecordBuffers
+    r2t: torch.Tensor
+    ids: torch.Tensor
+    req_pool: torch.Tensor
+    seq_lens: torch.Tensor
+    out_loc: torch.Tensor
 
-    layout: str
-    swa: list
-    main: dict
-    index_k: dict
-    pending: dict
-    scratch: torch.Tensor | None = None
-    fm_meta: list | None = None
-    exact_q: bool = False
+    @property
+    def size(self) -> int:
+        return self.ids.numel()
+
+    def step(self) -> torch.Tensor:
+        """One decode step: final normed h [B, hidden] in the weights' dtype."""
+        ctx = decode_context(
+            self.req_pool,
+            self.seq_lens,
+            self.out_loc,
+            self.r2t,
+            self.pool.floor[self.req_pool],
+            self.r2t.shape[1],
+        )
+        return run_layers(self.model, self.ids, ctx, self.pool)
 
     def nbytes(self) -> int:
-        ts = [t for t in self.swa if t is not None] + list(self.main.values())
-        ts += list(self.index_k.values()) + list(self.pending.values())
-        return sum(t.numel() * t.element_size() for t in ts)
+        """The pool's buffers, the slot table and the full -> SWA mapping."""
+        m = self.pool.full_to_swa_index_mapping
+        return self.pool.nbytes() + self.r2t.numel() * 4 + m.numel() * m.element_size()
 
 
-def index_pools(cfg, batch: Batch, device, seed: int = 1) -> dict:
-    gen = torch.Generator(device=device).manual_seed(seed)
-    R = record_bytes(Layout.INDEX_K, cfg.index_head_dim)
-    return {
-        s: random_records(entry_rows(cfg, batch, s), R, Layout.INDEX_K, device, gen)
-        for s in cfg.kv_source_layer_ids
-    }
-
-
-def layout_record_bytes(cfg, layout: str) -> tuple[int, int]:
-    """(SWA record, main-KV record) bytes of a layout."""
-    if layout == "upstream":
-        v4 = v4_record_bytes(cfg.head_dim, cfg.qk_rope_head_dim)
-        return v4, v4
-    return record_bytes(Layout.V41, cfg.head_dim), record_bytes(cfg.main_kv_layout, cfg.head_dim)
-
-
-def make_caches(
-    cfg, batch: Batch, layout: str, index_k: dict, device, flashmla: bool = True, seed: int = 2
-) -> Caches:
-    """A layout's caches; upstream without `flashmla` runs everything but attention (o = q),
-    for the CPU dry run's plumbing only."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    L, D = cfg.num_hidden_layers, cfg.head_dim
-    pending = {
-        s: torch.randn(batch.size, 2, D, device=device, generator=gen)
-        for s in cfg.kv_source_layer_ids
-        if cfg.ratio(s) == 2
-    }
-    if layout == "proj":
-        return Caches(layout, [None] * L, {}, index_k, pending)
-    swa_b, main_b = layout_record_bytes(cfg, layout)
-    up = layout == "upstream"
-    swa_l, main_l = (None, None) if up else (Layout.V41, cfg.main_kv_layout)
-    swa = [random_records(batch.swa_rows, swa_b, swa_l, device, gen) for _ in range(L)]
-    main = {
-        s: random_records(entry_rows(cfg, batch, s), main_b, main_l, device, gen)
-        for s in cfg.kv_source_layer_ids
-    }
-    c = Caches(layout, swa, main, index_k, pending)
-    if up:
-        c.scratch = torch.zeros(batch.size, record_bytes(Layout.V41, D), dtype=torch.uint8)
-        c.scratch = c.scratch.to(device)
-        if flashmla:
-            import flash_mla
-
-            c.fm_meta = [flash_mla.get_mla_metadata()[0] for _ in range(L)]
-    return c
-
-
-def reindex_whole_context(qI, w, kv: PagedIndexK, pool, geo: IndexerGeometry):
-    """Upstream's Reindex: score every visible entry, mask outside pool [T, NB] block ids, top-k.
-
-    int32 [T, topk] entry ids, -1 padded: the same set as kernels.indexer.reindex (ties aside).
-    On the Triton path the whole-context scoring is our Full-layer scan (block maxima of every
-    visible entry, kernels/indexer/ops.py); the mask and the top-k of the allowed blocks are
-    torch, and only the chosen blocks are rescored, exactly as ops.full_topk restricted to the
-    pool (generous to upstream, which writes and sorts the [T, N] logits). Elsewhere the torch
-    reference (reindex_ref: the same mask-and-topk).
-    """
-    fast = {Path.TRITON: lambda: kidx.triton_unsupported(qI, kv, geo)}
-    if dispatch.select("indexer.reindex_whole_context", qI.device, fast) is not Path.TRITON:
-        return reindex_ref(qI, w, kv, pool, geo)
-    from sglang_dsv41.kernels.indexer import ops
-
-    bmax = ops.block_scores(qI, w, kv)  # [T, NBLK] fp32, -inf past the visible blocks
-    T, nblk = bmax.shape
-    col = torch.where(pool >= 0, pool.long(), torch.full_like(pool, nblk, dtype=torch.long))
-    allowed = torch.zeros(T, nblk + 1, dtype=torch.bool, device=bmax.device)
-    allowed.scatter_(1, col, True)
-    masked = bmax.masked_fill(~allowed[:, :nblk], NEG_INF)
-    vals, blocks = masked.topk(min(geo.topk, nblk), dim=1)  # [T, k]
-    blocks = torch.where(vals > NEG_INF, blocks, torch.full_like(blocks, -1)).to(torch.int32)
-    return ops.select_in_blocks(ops.pool_scores(qI, w, kv, blocks), blocks, geo.topk)
-
-
-def _select(attn, cfg, i, xn, q_lora, batch: Batch, caches: Caches, shared: dict, trace):
-    """Index source i: top-k int32 [B, TOPK] entry ids (-1 padded) of its kv source."""
-    src, geo, r = cfg.source_layer_of(i), IndexerGeometry.of(cfg), cfg.ratio(i)
-    qI, w = attn.indexer.queries(q_lora, xn, batch.pos, attn.inv_freq)
-    if caches.layout == "proj":
-        return None
-    kv = PagedIndexK(
-        index_k=caches.index_k[src],
-        page_table=batch.page_table,
-        req_ids=batch.req,
-        n_visible=((batch.pos + 1) // r).to(torch.int32),
-        page_size=PAGE // cfg.ratio(src),
-        split_pages=False,
+def served_stack(
+    model: StackModel,
+    B: int,
+    ctx: int,
+    device,
+    page: int = PAGE,
+    replay: bool = False,
+    attn_dtype: torch.dtype | None = torch.bfloat16,
+    seed: int = 0,
+) -> ServedStack:
+    """B requests of ctx tokens on a fresh pool of random records: token pages shuffled through
+    the full slots (page 0 is SGLang's padding page), each request's last W positions mapped to
+    SWA slots shuffled through the SWA pool (the others unmapped, as after SGLang's eviction);
+    with `replay` the decoder layers' SWA lives in request rings (floors 0). The layers' sparse
+    attention reads and writes attn_dtype (bf16: FlashMLA's I/O; None: fp32, the exact path)."""
+    cfg = model.cfg
+    W = cfg.sliding_window
+    if ctx % page or ctx < W:
+        raise ValueError(f"ctx must be a multiple of the page {page} and >= the window, got {ctx}")
+    set_attention_dtype(model, attn_dtype)
+    g = torch.Generator(device=device).manual_seed(seed)
+    pages = ctx // page
+    full_slots = (B * pages + 1) * page
+    swa_slots = -(-(2 * W * B) // page) * page
+    pool = RecordBuffers(cfg, replay, full_slots, swa_slots, page, B, device)
+    perm = torch.randperm(B * pages, device=device, generator=g) + 1  # page 0: padding
+    j = torch.arange(ctx, device=device)
+    r2t = torch.zeros(B + 1, ctx, dtype=torch.int32, device=device)
+    r2t[1:] = (perm.view(B, pages)[:, j // page] * page + j % page).int()
+    mapping = torch.zeros(full_slots + page + 1, dtype=torch.int64, device=device)
+    swa = torch.randperm(swa_slots, device=device, generator=g)[: B * W] + page  # 0: none
+    mapping[r2t[1:, ctx - W :].reshape(-1).long()] = swa
+    pool.register_mapping(mapping)
+    for t in pool.swa:
+        if t is not None:
+            fill_records(t, Layout.V41, g)
+    for t in pool.ring.values():
+        fill_records(t, Layout.V41, g)
+    for s in pool.main:
+        fill_records(pool.main[s], cfg.main_kv_layout, g)
+        fill_records(pool.index_k[s], Layout.INDEX_K, g)
+    for t in pool.pending.values():
+        t.normal_(generator=g)
+    req_pool = torch.arange(1, B + 1, device=device)
+    return ServedStack(
+        model=model,
+        pool=pool,
+        r2t=r2t,
+        ids=torch.arange(B, device=device),
+        req_pool=req_pool,
+        seq_lens=torch.full((B,), ctx, dtype=torch.int64, device=device),
+        out_loc=r2t[1:, ctx - 1].long(),
     )
-    if cfg.uses_candidates(i):
-        pool = shared["candidates"]
-        if caches.layout == "upstream":
-            return reindex_whole_context(qI, w, kv, pool, geo)
-        out = kidx.reindex(qI, w, kv, pool, geo)
-        if trace is not None:
-            trace[i] = (out, reindex_whole_context(qI, w, kv, pool, geo), pool)
+
+
+@contextlib.contextmanager
+def reindex_trace(whole_context):
+    """Within the block, every Reindex call of the served path (`kernels.indexer.reindex`) also
+    runs `whole_context(qI, w, kv, pool, geo)` on the same inputs; yields the list of
+    (pooled top-k, whole-context top-k, pool) per call, in layer order."""
+    calls, inner = [], kidx.reindex
+
+    def traced(qI, w, kv, pool, geo):
+        out = inner(qI, w, kv, pool, geo)
+        calls.append((out, whole_context(qI, w, kv, pool, geo), pool))
         return out
-    if i == cfg.candidate_source_layer_id:
-        out, shared["candidates"] = kidx.candidate_source(qI, w, kv, geo)
-        return out
-    return kidx.full_topk(qI, w, kv, geo)
 
-
-def _compress(attn, cfg, i, xn, batch: Batch, caches: Caches) -> None:
-    """Full layer i: the entry this step completes -> main KV and index K."""
-    r = attn.ratio
-    c, z = attn.compressor.project(xn)  # [B, D] fp32 each (z None at ratio 1)
-    if r == 2:
-        pend = caches.pending[i]
-        latent = attn.compressor.pool(
-            torch.stack((pend[:, 0], c), 1), torch.stack((pend[:, 1], z), 1)
-        )
-    else:
-        latent = attn.compressor.pool(c[:, None], None)  # [B, D]
-    k = attn.indexer.wk(latent.to(attn.indexer.wk.weight.dtype))  # [B, DI]
-    if caches.layout == "proj":
-        return
-    entry = batch.pos // r
-    dst = slot_of(batch.page_table, entry, batch.req, PAGE // r)  # [B]
-    rope = dict(inv_freq=attn.inv_freq)
-    if caches.layout == "upstream":  # stand-in for the V4 record writer (module docstring)
-        ar = torch.arange(batch.size, device=xn.device)
-        store_records(latent, caches.scratch, ar, Layout.V41, pos=entry * r, **rope)
-    else:
-        store_latent(latent, entry * r, caches.main[i], dst, layout=cfg.main_kv_layout, **rope)
-    kn = attn.indexer.k_norm
-    store_index_k(k, kn.weight, kn.eps, entry * r, caches.index_k[i], dst, **rope)
-
-
-def _attend(attn, cfg, i, q, batch: Batch, caches: Caches, topk_slots) -> torch.Tensor:
-    """Sparse attention of q [B, H, D] (bf16, or fp32 with caches.exact_q): o bf16 [B, H, D]."""
-    main = None if topk_slots is None else caches.main[cfg.source_layer_of(i)]
-    if caches.layout == "ours":
-        kv = SparseKV(caches.swa[i], batch.swa_slots, main, topk_slots, cfg.main_kv_layout)
-        return sparse_attention(q, kv, attn.attn_sink, attn.scale)
-    import flash_mla
-
-    B, H, D = q.shape
-    W, rec = batch.swa_slots.shape[1], caches.swa[i].shape[1]
-    extra = {}
-    if main is not None:
-        extra = dict(
-            extra_k_cache=main.view(-1, PAGE, 1, rec),
-            extra_indices_in_kvcache=topk_slots.view(B, 1, -1),
-        )
-    out, _ = flash_mla.flash_mla_with_kvcache(
-        q.view(B, 1, H, D),
-        caches.swa[i].view(-1, PAGE, 1, rec),
-        None,
-        None,
-        D,
-        caches.fm_meta[i],
-        softmax_scale=attn.scale,
-        indices=batch.swa_slots.view(B, 1, W),
-        attn_sink=attn.attn_sink,
-        use_legacy=True,
-        **extra,
-    )
-    return out.view(B, H, D)
-
-
-def decode_step(cfg, layers: list, batch: Batch, caches: Caches, h, trace=None):
-    """One decode step of every layer: h bf16 [B, hidden] -> bf16 [B, hidden].
-
-    trace: a dict to receive, per Reindex layer (ours only), (pooled top-k, whole-context
-    top-k, pool) on the same inputs; None when timing.
-    """
-    pos, shared, slots = batch.pos, {}, {}
-    ones = torch.ones(h.shape[1], device=h.device)
-    for i, attn in enumerate(layers):
-        xn = rms_norm(h, ones, cfg.rms_norm_eps)  # attn_norm (weight one)
-        q, q_lora = attn.query(xn, pos)  # [B, H, D] fp32
-        if not caches.exact_q:
-            q = q.to(torch.bfloat16)
-        kv = attn.wkv(xn)  # [B, D]
-        if caches.layout != "proj":
-            dst, pool = batch.swa_slots[:, -1], caches.swa[i]
-            if caches.layout == "upstream":
-                dst, pool = torch.arange(batch.size, device=h.device), caches.scratch
-            n = attn.kv_norm
-            store_swa(kv, n.weight, n.eps, pos, pool, dst, inv_freq=attn.inv_freq)
-        if attn.compressor is not None:
-            _compress(attn, cfg, i, xn, batch, caches)
-        if attn.indexer is not None:
-            ids = _select(attn, cfg, i, xn, q_lora, batch, caches, shared, trace)
-            if ids is not None:
-                src = cfg.source_layer_of(i)
-                req = batch.req[:, None].expand_as(ids).reshape(-1)
-                flat = slot_of(batch.page_table, ids.reshape(-1), req, PAGE // cfg.ratio(src))
-                slots[i] = flat.view(ids.shape).to(torch.int32)  # [B, TOPK]
-        if caches.layout == "proj" or (caches.layout == "upstream" and caches.fm_meta is None):
-            o = q  # proj; or the dry run's upstream plumbing without FlashMLA (never timed)
-        else:
-            tk = slots[cfg.index_source_of(i)] if attn.ratio else None
-            o = _attend(attn, cfg, i, q, batch, caches, tk)
-        h = h + attn.output(o, pos).to(h.dtype)
-    return h
+    kidx.reindex = traced
+    try:
+        yield calls
+    finally:
+        kidx.reindex = inner

@@ -17,7 +17,8 @@ from sglang_dsv41.weights.release_config import flash_mini_text_config
 
 
 def _plain(dim: int, base: float) -> torch.Tensor:
-    return (1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))).float()
+    """1 / base^(2i / dim), every step in fp32 (as the released model's tables)."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
 @pytest.fixture(scope="module")

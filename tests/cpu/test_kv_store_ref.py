@@ -32,7 +32,7 @@ def _brute_values(x, w, eps, pos, inv_freq):
             row = row.clone()
             for i in range(R // 2):
                 a, b = row[D - R + 2 * i].item(), row[D - R + 2 * i + 1].item()
-                ang = float(pos[t]) * float(inv_freq[i])
+                ang = float(pos[t].float() * inv_freq[i])  # the fp32 angle, then fp64
                 c, s = math.cos(ang), math.sin(ang)
                 row[D - R + 2 * i], row[D - R + 2 * i + 1] = a * c - b * s, a * s + b * c
         out[t] = row.float()

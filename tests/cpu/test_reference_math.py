@@ -187,8 +187,9 @@ def test_rope_interleaved_pairs_and_inverse(cfg):
     assert torch.equal(y[..., : -cfg.qk_rope_head_dim], x[..., : -cfg.qk_rope_head_dim])
     R = cfg.qk_rope_head_dim
     xc = torch.view_as_complex(x[..., -R:].double().reshape(6, 4, R // 2, 2).contiguous())
-    rot = torch.polar(torch.ones(6, R // 2).double(), pos[:, None].double() * inv[None, :].double())
-    want = torch.view_as_real(xc * rot[:, None, :]).flatten(-2).float()  # angles in fp64
+    ang = (pos[:, None].float() * inv[None, :]).double()  # fp32 angles, the rest in fp64
+    rot = torch.polar(torch.ones(6, R // 2).double(), ang)
+    want = torch.view_as_real(xc * rot[:, None, :]).flatten(-2).float()
     torch.testing.assert_close(y[..., -R:], want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(apply_rope(y, pos, inv, inverse=True), x, rtol=1e-5, atol=1e-5)
 
