@@ -2,7 +2,7 @@
 NVRTC for sm_90a (the test environment's PyTorch brings NVRTC) within the registers and local
 memory it is meant to use, the build cache, the launcher's argument contract. Which shapes
 take it: test_sparse_attn_selection.py; a build that fails: test_sparse_attn_fallback.py. Its
-numbers are checked on the GPU (tests/gpu/test_sparse_attn.py, against the torch reference).
+numbers are checked on the GPU (tests/gpu/test_cuda_attn.py, against the torch reference).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A CUDA build that fails drops only the variants built from it, on the CPU: the build step
 (`cuda_decode._load`, NVRTC and the driver on a GPU) is replaced by a recorder that fails for
 one build, the device checks say "an SM90 GPU", and the plan is asked for every shape of its
-table. tests/gpu/test_sparse_attn.py::test_a_broken_build_drops_only_its_variant is the same
+table. tests/gpu/test_cuda_attn.py::test_a_broken_build_drops_only_its_variant is the same
 check with a real NVRTC failure on the H200."""
 
 from __future__ import annotations
