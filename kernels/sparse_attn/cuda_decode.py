@@ -22,7 +22,6 @@ keeping the reason when not; the plan (`plan.plan_for`) then runs the shape's ne
 from __future__ import annotations
 
 import ctypes
-import enum
 import functools
 import os
 
@@ -32,6 +31,7 @@ import triton
 from ..dispatch import log_once
 from .cuda_jit import CudaJitError, Kernel, load_source, nvrtc_version
 from .merge import LOG2E, combine, gdc_wait, pick_splits
+from .variants import Build
 
 BN = 16  # entries per tile (the kernel's BN unless a build sets -DBN=32)
 D = 512
@@ -44,18 +44,6 @@ WG64_NAME = "sparse_wg64"
 _WG64_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_wg64.cu")
 WG64_HEADS = 64
 WG64_SMEM = 2 * 65536 + 65536 + 512 + 16  # cuda_wg64.cu: SMEM_BYTES
-
-
-class Build(enum.Enum):
-    """The kernel's builds (NVRTC options: `defines_for`), each the fastest somewhere on the
-    H200 (benchmarks/RESULTS.md; where: `plan.choices`). Blocks of 8 or 16 heads unless said."""
-
-    TILES16 = "tiles16"  # four warps, tiles of 16, two tile buffers, three stages: 3 blocks / SM
-    TILES32 = "tiles32"  # tiles of 32, one tile buffer, two stages: fewer barriers, 2 blocks / SM
-    SLIM = "slim"  # tiles of 16, one tile buffer: 4 blocks / SM at 8 heads a block, 3 at 16
-    HALF = "half"  # two warps, each half of D; blocks of 8 heads: 5 blocks / SM (4 for fp32 q)
-    WIDE = "wide"  # eight warps, each an eighth of D (a tile's chain half as long): 2 blocks / SM
-    WG64 = "wg64"  # cuda_wg64.cu: blocks of 64 bf16 heads, tiles of 64, one block per SM
 
 
 def source(defines: tuple = ()) -> tuple[str, str]:

@@ -11,6 +11,7 @@ the H200 (benchmarks/RESULTS.md). A spec is one of:
   `private` one row per (token, entry).
 
 `Plan` is one launch: the variant, its Triton tile shape at the call's heads, the splits.
+Imports nothing heavy (no torch, no Triton): the package imports where Triton is missing.
 """
 
 from __future__ import annotations
@@ -18,10 +19,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 from types import MappingProxyType
-
-import triton
-
-from .cuda_decode import Build
 
 
 class Variant(str, enum.Enum):
@@ -49,6 +46,23 @@ class Variant(str, enum.Enum):
     PLAIN_N32_IEEE = "plain_n32_ieee"
 
 
+class Build(enum.Enum):
+    """The CUDA kernel's builds (NVRTC options: `cuda_decode.defines_for`), each the fastest
+    somewhere on the H200. Blocks of 8 or 16 heads unless said."""
+
+    TILES16 = "tiles16"  # four warps, tiles of 16, two tile buffers, three stages: 3 blocks / SM
+    TILES32 = "tiles32"  # tiles of 32, one tile buffer, two stages: fewer barriers, 2 blocks / SM
+    SLIM = "slim"  # tiles of 16, one tile buffer: 4 blocks / SM at 8 heads a block, 3 at 16
+    HALF = "half"  # two warps, each half of D; blocks of 8 heads: 5 blocks / SM (4 for fp32 q)
+    WIDE = "wide"  # eight warps, each an eighth of D (a tile's chain half as long): 2 blocks / SM
+    WG64 = "wg64"  # cuda_wg64.cu: blocks of 64 bf16 heads, tiles of 64, one block per SM
+
+
+def _pow2(n: int) -> int:
+    """The least power of two >= n (n >= 1)."""
+    return 1 << (n - 1).bit_length()
+
+
 class Heads(enum.Enum):
     """How many of H heads one Triton program takes."""
 
@@ -62,8 +76,8 @@ class Heads(enum.Enum):
         if self is Heads.SIXTY_FOUR:
             return 64
         if self is Heads.ALL:
-            return min(64, max(16, triton.next_power_of_2(H)))
-        return 16 if exact or H > 32 else max(16, triton.next_power_of_2(H))
+            return min(64, max(16, _pow2(H)))
+        return 16 if exact or H > 32 else max(16, _pow2(H))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,8 @@ import torch
 
 from sglang_dsv41.kernels.sparse_attn import cuda_decode, cuda_jit
 from sglang_dsv41.kernels.sparse_attn import plan as plan_mod
-from sglang_dsv41.kernels.sparse_attn.cuda_decode import Build, defines_for
+from sglang_dsv41.kernels.sparse_attn.cuda_decode import defines_for
+from sglang_dsv41.kernels.sparse_attn.variants import Build
 
 CPU = torch.device("cpu")
 

@@ -16,8 +16,8 @@ pytest.importorskip("triton")
 from sglang_dsv41.kernels import dispatch  # noqa: E402
 from sglang_dsv41.kernels.sparse_attn import cuda_decode  # noqa: E402
 from sglang_dsv41.kernels.sparse_attn import plan as plan_mod  # noqa: E402
-from sglang_dsv41.kernels.sparse_attn.cuda_decode import Build, CudaJitError  # noqa: E402
-from sglang_dsv41.kernels.sparse_attn.variants import SPECS, Cuda, Variant  # noqa: E402
+from sglang_dsv41.kernels.sparse_attn.cuda_jit import CudaJitError  # noqa: E402
+from sglang_dsv41.kernels.sparse_attn.variants import SPECS, Build, Cuda, Variant  # noqa: E402
 
 GPU = torch.device("cuda", 0)  # never touched: the device checks are stubbed
 BROKEN = cuda_decode.defines_for(Build.SLIM, 16, False)  # cuda_slim_x2's build (9-16 heads)

@@ -21,8 +21,7 @@ from sglang_dsv41.kernels.sparse_attn import (
     sparse_attention_ref,
 )
 from sglang_dsv41.kernels.sparse_attn import plan as plan_mod
-from sglang_dsv41.kernels.sparse_attn.cuda_decode import Build
-from sglang_dsv41.kernels.sparse_attn.variants import SPECS, Cuda, Variant
+from sglang_dsv41.kernels.sparse_attn.variants import SPECS, Build, Cuda, Variant
 from sglang_dsv41.kv.records import Layout
 
 pytestmark = pytest.mark.skipif(
