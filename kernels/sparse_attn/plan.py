@@ -12,9 +12,9 @@ What was measured fastest on the H200 (benchmarks/RESULTS.md), D = 512:
   with fewer than 8 (token, block of heads) pairs its wide build; up to 16 heads always; fp32 q
   at any head count (blocks of 8 heads); above 16 bf16 heads in decode from 2 tokens the
   64-head warpgroup kernel;
-- prefill-sized T (>= 1024) at 17-63 bf16 heads, and 64 / 128 heads from 128 tokens: FlashMLA's
-  sparse prefill over a bf16 workspace (heads padded to 64; below 1024 tokens one row per
-  (token, entry)), when `flash_mla` is installed (SM90);
+- FlashMLA's sparse prefill over a bf16 workspace (SM90, `flash_mla` installed): in prefill
+  (T >= 1024) from 17 bf16 heads (fewer than 64 padded to 64), and at 64 / 128 heads from 128
+  tokens where the CUDA kernel does not run (below 1024 tokens one row per (token, entry));
 - else the Triton kernel: up to 16 heads 16-head programs with the heads on M, tiles of 32,
   splits filling the GPU twice (from 32 tokens the next tile requested ahead); 17-32 heads
   the entries on M; more heads 16-head programs below 8 tokens, else 64-head programs with
@@ -35,6 +35,7 @@ import torch
 import triton
 
 from ..dispatch import device_capability
+from . import cuda_decode, triton_flashmla
 from .cuda_decode import defines_for, group_heads
 from .variants import SPECS, Cuda, FlashMla, Plan, Variant, plan_of
 
@@ -115,14 +116,10 @@ def choices(T: int, H: int, D: int = 512, exact: bool = False, interpret: bool =
 
 def _cuda_error(defines: tuple, device: torch.device) -> str | None:
     """None when the CUDA build `defines` runs on device (built at its first use)."""
-    from . import cuda_decode
-
     return cuda_decode.build_error(defines, device)
 
 
 def _flashmla_ok(device: torch.device) -> bool:
-    from . import triton_flashmla
-
     return (
         device.type == "cuda" and device_capability(device)[0] == 9 and triton_flashmla.available()
     )

@@ -76,7 +76,8 @@ def sparse_attention(
                 cuda_decode.check_args(q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, out)
             except ValueError:
                 plan = plan_for(T, H, D, q.device, exact, cuda=False)
-        plan = plan_of(plan.variant, H, exact, tiles, num_splits)
+        if tiles is not None or num_splits is not None:
+            plan = plan_of(plan.variant, H, exact, tiles, num_splits)
     return _run(plan, q, swa_flat, swa_slots, kv_flat, topk_slots, kv_fp4, attn_sink, scale,
                 out, out_dtype, max_slots)  # fmt: skip
 
