@@ -15,12 +15,12 @@ windows and top-k lists), prefill 4096 tokens x 640 indices of one 16K-token pro
 Every time is the median of `triton.testing.do_bench` over CUDA-graph replays of one call (L2
 flushed before each replay). Also measured: the copy and bf16 matmul ceilings, and per case the
 floor max(FLOP / matmul rate, bytes / copy rate) with bytes = q + out + indices + every record
-read once. `--sweep` times each kernel variant the plan chooses from; `--ablate` times the
-kernel with stages left out; `--jobs N` compiles the variants in N processes first.
-`--exact` times ours with fp32 queries (the exact path, what the served layer passes; the peer
-stays FlashMLA's bf16 kernels) and reports each default launch's error against the fp32 torch
-reference. `--launch fast=0` (fields of `triton.Plan`, comma-separated) overrides every launch
-of ours: two runs side by side time a plan field's effect.
+read once. `--sweep` times each kernel variant the plan chooses from at the head count
+(`plan.variants_at`, fallbacks included); `--ablate` times the kernel with stages left out;
+`--jobs N` compiles the variants in N processes first. `--exact` times ours with fp32 queries
+(the exact path, what the served layer passes; the peer stays FlashMLA's bf16 kernels) and
+reports each default launch's error against the fp32 torch reference. `--launch
+variant=cuda_x2,num_splits=4` runs every launch of ours as that variant and / or split count.
 `--calls N` also times, for ours (V41_FP4) and the peer, N calls per graph replay, each over
 its own inputs (records, slots, q, out: cold in L2 like one layer after another in a served
 step), and reports the time per call and its ratio beside the one-call figures: a replay of
@@ -43,10 +43,11 @@ import triton
 import triton.language as tl
 
 from sglang_dsv41.kernels.args import SparseKV
+from sglang_dsv41.kernels.sparse_attn import plan as plan_mod
 from sglang_dsv41.kernels.sparse_attn import sparse_attention, sparse_attention_ref
-from sglang_dsv41.kernels.sparse_attn import triton as sa
 from sglang_dsv41.kernels.sparse_attn.triton_kernel import _step
 from sglang_dsv41.kernels.sparse_attn.triton_records import deq, load_idx, raw
+from sglang_dsv41.kernels.sparse_attn.variants import Variant
 from sglang_dsv41.kv.records import Layout, record_bytes
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -126,10 +127,10 @@ def ours_err(kind: str, n: int, H: int, layout: Layout, exact: bool) -> float:
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def swept(launch: dict, kind: str) -> bool:
+def swept(variant: Variant, kind: str) -> bool:
     """Whether a sweep times this variant in this case: the prefill FlashMLA route only in
     prefill (its per-entry decode form everywhere)."""
-    return not launch.get("flashmla") or kind == "prefill" or bool(launch.get("private"))
+    return variant is not Variant.FLASHMLA or kind == "prefill"
 
 
 def fm_decode_fn(B: int):
@@ -313,16 +314,20 @@ def commit() -> str:
 
 
 def parse_launch(text: str) -> dict:
-    """ "fast=0,block_n=32" -> {"fast": False, "block_n": 32}, typed by `triton.Plan`'s fields."""
-    import dataclasses
-
-    types = {f.name: f.type for f in dataclasses.fields(sa.Plan)}
+    """ "variant=cuda_x2,num_splits=4" -> {"variant": "cuda_x2", "num_splits": 4}."""
     out = {}
     for item in filter(None, text.split(",")):
         key, _, val = item.partition("=")
-        if key not in types:
-            raise SystemExit(f"--launch: {key!r} is not a field of Plan ({sorted(types)})")
-        out[key] = bool(int(val)) if types[key] in (bool, "bool") else int(val)
+        if key == "variant":
+            try:
+                out[key] = Variant(val).value
+            except ValueError:
+                names = [v.value for v in Variant]
+                raise SystemExit(f"--launch: no variant {val!r} ({names})") from None
+        elif key == "num_splits":
+            out[key] = int(val)
+        else:
+            raise SystemExit(f"--launch: {key!r} is not variant or num_splits")
     return out
 
 
@@ -334,7 +339,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=1, help="processes compiling before timing")
     ap.add_argument("--heads", default=",".join(map(str, HEADS)))
     ap.add_argument("--exact", action="store_true", help="fp32 queries (the served layer's)")
-    ap.add_argument("--launch", default="", help="Plan fields for every launch: fast=0,...")
+    ap.add_argument("--launch", default="", help="for every launch: variant=...,num_splits=N")
     ap.add_argument("--calls", type=int, default=1, help="also time N calls per graph replay")
     args = ap.parse_args()
     exact = args.exact
@@ -356,9 +361,10 @@ def main():
             for layout in (Layout.V41_FP4, Layout.V41):
                 jobs.append((kind, n, H, layout.value, over, exact))
             if args.sweep:
-                for launch in sa.variants_for(H, exact).values():
-                    if swept(launch, kind):
-                        jobs.append((kind, n, H, Layout.V41_FP4.value, launch | over, exact))
+                for v in plan_mod.variants_at(H, exact):
+                    if swept(v, kind):
+                        launch = over | {"variant": v.value}
+                        jobs.append((kind, n, H, Layout.V41_FP4.value, launch, exact))
     if args.ablate:
         jobs += [("ablate", *cfg) for cfg in ABLATE]
     res["compile_s"] = warm_compile(jobs, args.jobs)
@@ -413,11 +419,13 @@ def main():
             row = dict(H=H, kind=kind, n=n, flashmla_us=peer[(kind, n)])
             if args.sweep:  # first: a launch that breaks graph capture goes last (FlashMLA)
                 row["sweep_fp4_us"] = {}
-                for name, launch in sa.variants_for(H, exact).items():
-                    if not swept(launch, kind):
+                for v in plan_mod.variants_at(H, exact):
+                    if not swept(v, kind):
                         continue
-                    launch = launch | over
-                    row["sweep_fp4_us"][name] = timed(name, kind, n, H, Layout.V41_FP4, launch)
+                    launch = over | {"variant": v.value}
+                    row["sweep_fp4_us"][v.value] = timed(
+                        v.value, kind, n, H, Layout.V41_FP4, launch
+                    )
             for layout in (Layout.V41_FP4, Layout.V41):
                 key = "fp4" if layout is Layout.V41_FP4 else "v41"
                 row[f"ours_{key}_us"] = timed(f"default {key}", kind, n, H, layout, over)

@@ -7,18 +7,16 @@ kernels and FlashMLA, decode only, one GPU (SM90).
 Cases, inputs and timer as `bench_attention.py` (decode batch 1 / 8 / 32 / 128 / 256, window
 128 + top-512 V41_FP4 entries, CUDA-graph replays with the L2 flushed): per case FlashMLA's
 64-head decode (bf16), the plan's Triton choice for the shape (the CUDA kernel left out), and
-each CUDA variant of the plan (`triton.variants_for`: tiles of 16 in grids of 2 and 3 blocks per
-SM, tiles of 32, the slim and the wide build, at up to 8 heads the half build and the warpgroup
-kernel, above 16 heads the 64-head warpgroup kernel), each
-also with every extra build (`--build`: NVRTC options, e.g. another STAGES or MIN_BLOCKS).
-`--exact`: fp32 queries (the served layer's; the CUDA kernel's exact mode, up to 8 heads).
+each CUDA variant the plan chooses at the head count (`plan.variants_at`: e.g. at 8 heads the
+wide build, tiles of 16, the slim build in grids of 3 and 4 blocks per SM, the half build),
+each also with every extra build (`--build`: NVRTC options, e.g. another STAGES or
+MIN_BLOCKS). `--exact`: fp32 queries (the served layer's; the CUDA kernel's exact mode).
 Prints a table, writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -26,7 +24,8 @@ import sys
 import torch
 
 from sglang_dsv41.kernels.sparse_attn import cuda_decode
-from sglang_dsv41.kernels.sparse_attn import triton as tri
+from sglang_dsv41.kernels.sparse_attn import plan as plan_mod
+from sglang_dsv41.kernels.sparse_attn.variants import SPECS, Cuda, Variant
 from sglang_dsv41.kv.records import Layout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -35,28 +34,22 @@ from graph_timing import graph_us  # noqa: E402
 
 
 def triton_launch(n: int, H: int, exact: bool) -> dict:
-    """The plan's Triton choice for the shape (every Plan field)."""
-    return dataclasses.asdict(tri.plan_for(n, H, ba.D, ba.DEV, exact, cuda=False))
+    """The plan's choice for the shape without the CUDA kernel, as launch options."""
+    return {"variant": plan_mod.plan_for(n, H, ba.D, ba.DEV, exact, cuda=False).variant.value}
 
 
-CUDA_FIELDS = ("per_sm", "block_n", "slim", "half", "wg", "wg64", "wide")  # the launcher's
+def cuda_variants(H: int, exact: bool) -> list[Variant]:
+    """The CUDA variants the plan chooses at H heads (any token count)."""
+    return [v for v in plan_mod.variants_at(H, exact) if isinstance(SPECS[v], Cuda)]
 
 
-def cuda_variants(H: int, exact: bool) -> dict:
-    """The plan's CUDA variants at H heads: name -> the launcher's options (CUDA_FIELDS)."""
-    return {
-        name: {k: p[k] for k in CUDA_FIELDS}
-        for name, p in tri.variants_for(H, exact).items()
-        if p["cuda"]
-    }
-
-
-def cuda_fn(n: int, H: int, exact: bool, variant: dict, build: tuple):
+def cuda_fn(n: int, H: int, exact: bool, variant: Variant, build: tuple):
     q, skv, sink = ba.ours_inputs("decode", n, H, Layout.V41_FP4, exact)
     swa, kv = skv.swa_cache.view(-1, 528), skv.kv_cache.view(-1, 288)
+    spec = SPECS[variant]
     return lambda: cuda_decode.sparse_attention(
         q, swa, skv.swa_slots, kv, skv.topk_slots, True, sink, ba.D**-0.5, None,
-        defines=build, **variant,
+        build=spec.build, per_sm=spec.per_sm, defines=build,
     )  # fmt: skip
 
 
@@ -83,9 +76,9 @@ def main():
                 ba.ours_fn("decode", n, H, Layout.V41_FP4, launch, args.exact)
             )
             for build in builds:
-                for variant, launch in cuda_variants(H, args.exact).items():
-                    name = variant + ("" if not build else " " + " ".join(build))
-                    row[name] = graph_us(cuda_fn(n, H, args.exact, launch, build))
+                for variant in cuda_variants(H, args.exact):
+                    name = variant.value + ("" if not build else " " + " ".join(build))
+                    row[name] = graph_us(cuda_fn(n, H, args.exact, variant, build))
             rows.append(row)
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in row.items()), flush=True)  # fmt: skip

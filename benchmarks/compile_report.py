@@ -1,13 +1,15 @@
-"""Registers, spills, shared memory and tensor-core instructions of the sparse-attention kernel's
-variants, compiled for SM90 without a GPU (Triton's bundled ptxas; no device needed).
+"""Registers, spills, shared memory and tensor-core instructions of the Triton variants the plan
+chooses, compiled for SM90 without a GPU (Triton's bundled ptxas; no device needed).
 
-    python benchmarks/compile_report.py [--fp4 0|1] [--split 0|1] [--exact 0|1]
+    python benchmarks/compile_report.py [--fp4 0|1] [--split 0|1] [--exact 0|1] [--heads 8,64]
 
-(--exact 1: fp32 queries, the exact path's three-part bf16 products.)
+(--exact 1: fp32 queries, the exact path's three-part bf16 products; --fp4 0: V41 main-KV
+records. Workspace variants read bf16 rows whatever --fp4 says.)
 
-Prints one row per variant: (block_h, block_n, warps, swap, skew, prefetch) -> registers per
-thread, spill bytes, shared memory, wgmma / mma.sync instruction counts in the PTX, and whether
-the MMA layout of the S product is replicated over warpgroups.
+Prints one row per Triton variant and head count with its tiles (`variants.Tiles`: block_h,
+block_n, warps, stages, swap, skew, prefetch) -> registers per thread, spill bytes, shared
+memory, wgmma / mma.sync instruction counts in the PTX, and the MMA layouts (whether the S
+product is replicated over warpgroups).
 """
 
 from __future__ import annotations
@@ -22,29 +24,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from sglang_dsv41.kernels.sparse_attn import plan as plan_mod
 from sglang_dsv41.kernels.sparse_attn.triton_kernel import sparse_attn_kernel
-
-# block_h, block_n, num_warps, then swap, skew, prefetch (1 = True); one variant a row
-_VARIANT_TABLE = """
- 16   64  4 1 0 1
- 16   64  4 1 0 0
- 16   32  4 1 0 1
- 16   64  4 1 1 1
- 32   64  4 1 0 1
- 32   64  8 1 1 1
- 16   32  4 0 0 0
- 64   32  8 0 0 0
- 64   32  8 0 0 1
- 64   32  8 0 1 0
- 64   64  8 0 1 0
- 64   64  8 0 0 0
- 64  128  8 1 0 0
-"""
-VARIANTS = [
-    (*map(int, row[:3]), *(bool(int(x)) for x in row[3:]))
-    for row in map(str.split, _VARIANT_TABLE.strip().splitlines())
-]
-
+from sglang_dsv41.kernels.sparse_attn.variants import SPECS, Tiles, Triton
 
 SIG = {
     "q_ptr": "*bf16",
@@ -97,34 +79,51 @@ def ptxas_report(ptx: str) -> dict:
     return {"regs": regs, "spill_bytes": int(spill.group(1)) if spill else 0}
 
 
-def compile_variant(v, fp4: bool, split: bool, exact: bool = False) -> dict:
-    bh, bn, nw, swap, skew, prefetch = v
+def triton_rows(heads, exact: bool) -> dict:
+    """{(variant name, H): (Triton spec, tiles)} of the Triton variants the plan chooses at each
+    of `heads` (one row per distinct launch)."""
+    rows, seen = {}, set()
+    for H in heads:
+        for v in plan_mod.variants_at(H, exact):
+            spec = SPECS[v]
+            if isinstance(spec, Triton):
+                tiles = spec.tiles(H, exact)
+                if (v, tiles) not in seen:
+                    seen.add((v, tiles))
+                    rows[(v.value, H)] = (spec, tiles)
+    return rows
+
+
+def compile_variant(t: Tiles, kv_fmt: int, split: bool, exact: bool, ieee: bool) -> dict:
+    """kv_fmt: 0 V41 records, 1 V41_FP4, 2 bf16 workspace rows (the launcher's constexprs)."""
     const = dict(
         D=512,
-        BH=bh,
-        BN=bn,
-        KV_FMT=int(fp4),
-        KV_RS=288 if fp4 else 528,
+        BH=t.block_h,
+        BN=t.block_n,
+        KV_FMT=kv_fmt,
+        KV_RS=(528, 288, 512)[kv_fmt],
         HAS_SINK=True,
         SPLIT=split,
-        SWAP=swap,
-        SKEW=skew,
-        PREFETCH=prefetch,
-        DOT_FP32=False,
+        SWAP=t.swap,
+        SKEW=t.skew,
+        PREFETCH=t.prefetch,
+        DOT_FP32=exact and ieee,
         ROUND_Q=not exact,
-        PREC="tf32",
-        EXACT3=exact,
-        FAST_DEQ=True,
+        PREC="ieee" if exact else "tf32",
+        EXACT3=exact and not ieee,
+        FAST_DEQ=True,  # the kernel's default, which the launcher keeps
     )
     sig = dict(SIG, **{k: "constexpr" for k in const})
     if exact:
         sig["q_ptr"] = "*fp32"
     if split:
         sig["o_ptr"] = "*fp32"
+    if kv_fmt == 2:
+        sig["kv_ptr"] = "*bf16"
     k = triton.compile(
         ASTSource(sparse_attn_kernel, sig, const, attrs=divisibility_attrs(sig)),
         target=GPUTarget("cuda", 90, 32),
-        options=dict(num_warps=nw, num_stages=1),
+        options=dict(num_warps=t.num_warps, num_stages=t.num_stages),
     )
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     mmas = re.findall(r"warpsPerCTA = \[(\d+), (\d+)\], instrShape = \[(\d+), (\d+)", ttgir)
@@ -142,17 +141,19 @@ def main():
     ap.add_argument("--fp4", type=int, default=1)
     ap.add_argument("--split", type=int, default=0)
     ap.add_argument("--exact", type=int, default=0)
-    ap.add_argument("--only", default=None, help="variants as python tuples, ';'-separated")
+    ap.add_argument("--heads", default=",".join(map(str, plan_mod.HEADS)))
     args = ap.parse_args()
-    variants = VARIANTS
-    if args.only:
-        variants = [tuple(eval(x)) for x in args.only.split(";")]
-    print("(block_h, block_n, warps, swap, skew, prefetch): regs spill smem wgmma mma.sync")
-    for v in variants:
-        r = compile_variant(v, bool(args.fp4), bool(args.split), bool(args.exact))
+    exact = bool(args.exact)
+    heads = [int(h) for h in args.heads.split(",")]
+    print("variant (heads): (block_h, block_n, warps, stages, swap, skew, prefetch): regs spill "
+          "smem wgmma mma.sync")  # fmt: skip
+    for (name, H), (spec, t) in triton_rows(heads, exact).items():
+        kv_fmt = 2 if spec.workspace else int(bool(args.fp4))
+        r = compile_variant(t, kv_fmt, bool(args.split), exact, spec.ieee)
+        shape = (t.block_h, t.block_n, t.num_warps, t.num_stages, t.swap, t.skew, t.prefetch)
         print(
-            f"{v}: {r['regs']} {r['spill_bytes']} {r['smem']} {r['wgmma']} {r['mma_sync']}"
-            f"  mma layouts (warps M, N, instr M, N): {r['mma_layouts']}"
+            f"{name} ({H}): {shape}: {r['regs']} {r['spill_bytes']} {r['smem']} {r['wgmma']} "
+            f"{r['mma_sync']}  mma layouts (warps M, N, instr M, N): {r['mma_layouts']}"
         )
 
 

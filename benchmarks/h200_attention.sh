@@ -24,7 +24,7 @@ timeout "${BENCH_S:-200}" python3 benchmarks/bench_attention.py --jobs "$JOBS" \
     --json "$OUT/attention.json" "$@" > "$OUT/bench.log" 2>&1
 echo "bench rc=$?"
 timeout "${TEST_S:-100}" python3 -m pytest -q -n "$JOBS" -p no:cacheprovider \
-    tests/gpu/test_sparse_attn.py > "$OUT/tests.log" 2>&1
+    tests/gpu/test_sparse_attn.py tests/gpu/test_cuda_attn.py > "$OUT/tests.log" 2>&1
 echo "tests rc=$?"
 if [ "${INDEXER_S:-0}" -gt 0 ]; then
     timeout "$INDEXER_S" python3 benchmarks/bench_indexer.py --out "$OUT" > "$OUT/indexer.log" 2>&1

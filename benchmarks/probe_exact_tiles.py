@@ -16,7 +16,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from test_sparse_attn import make_case  # noqa: E402
 
 from sglang_dsv41.kernels.args import SparseKV  # noqa: E402
-from sglang_dsv41.kernels.sparse_attn import sparse_attention, sparse_attention_ref  # noqa: E402
+from sglang_dsv41.kernels.sparse_attn import (  # noqa: E402
+    Tiles,
+    sparse_attention,
+    sparse_attention_ref,
+)
 from sglang_dsv41.kv.records import Layout  # noqa: E402
 
 SHAPES = [(16, 16, 4), (16, 16, 8), (32, 16, 4), (32, 16, 8), (32, 32, 8), (64, 16, 8)]
@@ -33,9 +37,9 @@ def main():
                 skv = SparseKV(swa, sw, kv, tk, layout)
                 ref = sparse_attention_ref(q, skv, sink, None, torch.float32)
                 try:
-                    out = sparse_attention(
-                        q, skv, sink, out_dtype=torch.float32, block_h=bh, block_n=bn,
-                        num_warps=nw, swap=False, num_splits=1,
+                    out = sparse_attention(  # the plan's Triton choice with these tiles
+                        q, skv, sink, out_dtype=torch.float32, num_splits=1,
+                        tiles=Tiles(block_h=bh, block_n=bn, num_warps=nw),
                     )  # fmt: skip
                     err = f"{((out - ref).norm() / ref.norm()).item():.2e}"
                 except ValueError as exc:

@@ -18,6 +18,7 @@ from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kernels.dispatch import Path
 from sglang_dsv41.kernels.sparse_attn.indices import entry_slots, swa_window_slots
 from sglang_dsv41.kernels.sparse_attn.ref import sparse_attention_ref
+from sglang_dsv41.kernels.sparse_attn.variants import Tiles, Variant
 from sglang_dsv41.kv.records import Layout
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "sparse_attention",
     "sparse_attention_ref",
     "swa_window_slots",
+    "Tiles",
+    "Variant",
     "entry_slots",
 ]
 
@@ -47,7 +50,9 @@ def sparse_attention(
     *,
     out_dtype: torch.dtype = torch.bfloat16,
     out: Tensor | None = None,
-    **launch,
+    variant: Variant | str | None = None,
+    num_splits: int | None = None,
+    tiles: Tiles | None = None,
 ) -> Tensor:
     """o [T, H, D]: per token and head, softmax over SWA + top-k logits (x scale) and the sink.
 
@@ -59,7 +64,10 @@ def sparse_attention(
     view of its first H heads). Graph-capturable: no host syncs, except eagerly where a prefill
     workspace's static bound (min(cache slots, kv.max_slots, T N)) passes 256 MB, which is then
     sized to the slots referenced (one sync; `triton_workspace.workspaces`).
-    `launch` passes tuning knobs to the Triton launcher (num_splits, block_n, num_warps, ...).
+    On the Triton path (SM90+) the plan picks the kernel from the shapes (`plan.plan_for`; the
+    table: `python -m sglang_dsv41.kernels.sparse_attn.plan`); variant runs a named one instead
+    (`variants.Variant`), num_splits and tiles override its splits and Triton tile shape
+    (`triton.sparse_attention`).
     """
     T, H, D = q.shape
     kv.check_dim(D)
@@ -95,5 +103,7 @@ def sparse_attention(
         out,
         out_dtype,
         max_slots=kv.max_slots,
-        **launch,
+        variant=variant,
+        num_splits=num_splits,
+        tiles=tiles,
     )

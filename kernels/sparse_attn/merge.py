@@ -1,10 +1,14 @@
-"""The merge of flash-decoding splits: each split of a token's entry list wrote its normalized
-partial output and base-2 log-sum-exp; `combine` weighs them and the sink into the output.
-Used by the Triton kernels (`triton.py`) and the CUDA kernel (`cuda_decode.py`); the formula is
-the reference's softmax over all entries and the sink (`ref.py`), split by entries."""
+"""Flash-decoding splits: with few tokens, each token's entry list is cut over several programs
+(`pick_splits` sizes the grid), each writing its normalized partial output and base-2
+log-sum-exp; `combine` weighs them and the sink into the output. Used by the Triton kernels
+(`triton.py`) and the CUDA kernels (`cuda_decode.py`); the formula is the reference's softmax
+over all entries and the sink (`ref.py`), split by entries."""
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
@@ -12,6 +16,27 @@ try:  # Triton >= 3.4: grid dependency control (programmatic dependent launch)
     from triton.language.extra.cuda import gdc_wait
 except ImportError:  # pragma: no cover - older Triton: combine(pdl=True) is refused
     gdc_wait = None
+
+
+LOG2E = 1.4426950408889634  # logits are scaled by scale x LOG2E: the kernels' softmax is base 2
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pick_splits(T: int, head_blocks: int, n_tiles: int, device: torch.device, per_sm: int) -> int:
+    """Splits per (token, head block) so that the grid fills the GPU about per_sm times, as few
+    as give each program the same number of tiles (a ceil share each: no empty splits)."""
+    ns = max(1, min(n_tiles, per_sm * _sms(device) // max(1, T * head_blocks)))
+    return triton.cdiv(n_tiles, triton.cdiv(n_tiles, ns)) if n_tiles else 1
 
 
 @triton.jit(do_not_specialize=["H", "num_splits"])

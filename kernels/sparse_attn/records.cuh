@@ -1,5 +1,5 @@
-// Device helpers of the CUDA sparse-attention kernels (cuda_decode.cu, cuda_wgmma.cu,
-// cuda_wg64.cu), inlined into them by cuda_jit.load_source: the records' dequantization (the
+// Device helpers of the CUDA sparse-attention kernels (cuda_decode.cu, cuda_wg64.cu),
+// inlined into them by cuda_jit.load_source: the records' dequantization (the
 // inline-PTX formulas of triton_records.py: values x 2^-8, d permuted inside each group of 8 as
 // 0 2 4 6 1 3 5 7), the exact path's three-part split, the PTX wrappers (mma.sync, movmatrix,
 // cp.async), a token's entry tiles and split (EntryTiles), and the output of a block (partials

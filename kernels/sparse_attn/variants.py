@@ -1,139 +1,192 @@
-"""The launch plan's vocabulary: `Plan` (one launch's choices: kernel, tile shapes, splits,
-routes) and the named variants `triton.plan_for` chooses from at each head count, bf16 or fp32
-q (`variants_for`; the GPU tests run each, benchmarks/bench_attention.py --sweep times each)."""
+"""The launcher's vocabulary: `Variant`, the one choice the plan makes for a shape, and `SPECS`,
+what each variant launches. Every variant here is chosen for some shape (`plan.choices`; the
+table: `python -m sglang_dsv41.kernels.sparse_attn.plan`), each where it measured fastest on
+the H200 (benchmarks/RESULTS.md). A spec is one of:
+
+- `Cuda(build, per_sm)`: the CUDA kernel (`cuda_decode`) in one of its builds, the splits
+  filling the GPU with per_sm blocks per SM;
+- `Triton(heads, block_n, ...)`: the Triton kernel (`triton_kernel`) over the records, or with
+  `workspace` over a bf16 workspace of the records referenced (`triton_workspace`);
+- `FlashMla(private)`: FlashMLA's sparse prefill over that workspace (`triton_flashmla`), with
+  `private` one row per (token, entry).
+
+`Plan` is one launch: the variant, its Triton tile shape at the call's heads, the splits.
+Imports nothing heavy (no torch, no Triton): the package imports where Triton is missing.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+import enum
 from types import MappingProxyType
 
-import triton
+
+class Variant(str, enum.Enum):
+    """A named way to run the attention (names: route, tile or build, blocks per SM)."""
+
+    CUDA_WIDE_X1 = "cuda_wide_x1"
+    CUDA_X2 = "cuda_x2"
+    CUDA_X3 = "cuda_x3"
+    CUDA32_X2 = "cuda32_x2"
+    CUDA_SLIM_X2 = "cuda_slim_x2"
+    CUDA_SLIM_X3 = "cuda_slim_x3"
+    CUDA_SLIM_X4 = "cuda_slim_x4"
+    CUDA_HALF_X4 = "cuda_half_x4"
+    CUDA_HALF_X5 = "cuda_half_x5"
+    CUDA_WG64_X1 = "cuda_wg64_x1"
+    DIRECT_N32_X2 = "direct_n32_x2"
+    DIRECT_N32_PF_X2 = "direct_n32_pf_x2"
+    SWAP_W8_N32_PF = "swap_w8_n32_pf"
+    SKEW64_N32 = "skew64_n32"
+    WS_DIRECT_N64 = "ws_direct_n64"
+    WS_DIRECT_N32 = "ws_direct_n32"
+    FLASHMLA = "flashmla"
+    FLASHMLA_PRIVATE = "flashmla_private"
+    PLAIN_N32 = "plain_n32"
+    PLAIN_N32_IEEE = "plain_n32_ieee"
+
+
+class Build(enum.Enum):
+    """The CUDA kernel's builds (NVRTC options: `cuda_decode.defines_for`), each the fastest
+    somewhere on the H200. Blocks of 8 or 16 heads unless said."""
+
+    TILES16 = "tiles16"  # four warps, tiles of 16, two tile buffers, three stages: 3 blocks / SM
+    TILES32 = "tiles32"  # tiles of 32, one tile buffer, two stages: fewer barriers, 2 blocks / SM
+    SLIM = "slim"  # tiles of 16, one tile buffer: 4 blocks / SM at 8 heads a block, 3 at 16
+    HALF = "half"  # two warps, each half of D; blocks of 8 heads: 5 blocks / SM (4 for fp32 q)
+    WIDE = "wide"  # eight warps, each an eighth of D (a tile's chain half as long): 2 blocks / SM
+    WG64 = "wg64"  # cuda_wg64.cu: blocks of 64 bf16 heads, tiles of 64, one block per SM
+
+
+def _pow2(n: int) -> int:
+    """The least power of two >= n (n >= 1)."""
+    return 1 << (n - 1).bit_length()
+
+
+class Heads(enum.Enum):
+    """How many of H heads one Triton program takes."""
+
+    RANK = "rank"  # a rank's heads at once up to 32 (bf16 q); 16 for fp32 q and above 32 heads
+    ALL = "all"  # up to 64 at once
+    SIXTY_FOUR = "64"
+
+    def per_program(self, H: int, exact: bool) -> int:
+        """Heads per program (a power of two >= 16): with fp32 q's three parts, programs of 32
+        or 64 heads need more than the SM's 227 KB of shared memory (`Heads.RANK`)."""
+        if self is Heads.SIXTY_FOUR:
+            return 64
+        if self is Heads.ALL:
+            return min(64, max(16, _pow2(H)))
+        return 16 if exact or H > 32 else max(16, _pow2(H))
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-    """One launch's choices. Any field can be passed to `sparse_attention` to override it.
-
-    block_h heads per program (a power of two >= 16), block_n entries per tile, num_warps,
-    num_stages; swap: entries on M (see triton_kernel); skew / prefetch: see triton_kernel;
-    num_splits: programs per (token, head block), None = fill the GPU `per_sm` times;
-    flashmla: FlashMLA's sparse prefill over a dequantized workspace (triton_flashmla);
-    workspace: this kernel over that workspace's BF16 rows (triton_workspace);
-    ieee: fp32 q only: fp32 tiles with IEEE products instead of three bf16 parts;
-    private: with flashmla, one workspace row per (token, entry), no compaction (decode);
-    fast: records dequantized by inline PTX where the kernel allows it (triton_kernel: 16-head
-    programs, or 32 with the entries on M; bf16 q); False keeps Triton's own conversions;
-    cuda: the CUDA kernel (cuda_decode; splits from num_splits / per_sm, tiles of block_n = 16
-    or 32 entries); slim: its build with one tile buffer (tiles of 16; two stages of records
-    and four blocks per SM at 8 heads a block, three and three at 16); half: its build with
-    two warps a block, each half of the head dimension (tiles of 16, one tile buffer, two
-    stages; at most 8 heads a block); wide: its build with eight warps a block, each an eighth
-    of the head dimension (tiles of 16, two blocks per SM; a block's chain of work per tile
-    about half as long); wg: the warpgroup kernel (cuda_wgmma.cu: wgmma over tiles of 64
-    entries, producer and consumer warpgroups, one block per SM, blocks of 8 heads; measured,
-    chosen nowhere yet); wg64: the
-    64-head warpgroup kernel (cuda_wg64.cu: the heads on wgmma's M axis, tiles of 64 entries,
-    one block per SM, blocks of 64 heads, bf16 q).
-    """
+class Tiles:
+    """The Triton kernel's compile-time launch (`triton_kernel`): heads per program, entries per
+    tile, warps, pipeline stages; swap: the entries on the MMA's M axis (else the heads);
+    skew: P V one tile late; prefetch: the next tile's slots and records requested ahead."""
 
     block_h: int
     block_n: int
     num_warps: int
-    swap: bool
+    num_stages: int = 1
+    swap: bool = False
     skew: bool = False
     prefetch: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Cuda:
+    build: Build
+    per_sm: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Triton:
+    """num_warps None: 4 for programs of 16 heads, else 8. ieee: fp32 q as fp32 tiles with IEEE
+    products (cheap at small head dims) instead of three bf16 parts."""
+
+    heads: Heads
+    block_n: int
+    num_warps: int | None = None
     num_stages: int = 1
-    num_splits: int | None = None
+    swap: bool = False
+    skew: bool = False
+    prefetch: bool = False
     per_sm: int = 1
-    flashmla: bool = False
     workspace: bool = False
     ieee: bool = False
-    private: bool = False
-    fast: bool = True
-    cuda: bool = False
-    slim: bool = False
-    half: bool = False
-    wg: bool = False
-    wg64: bool = False
-    wide: bool = False
+
+    def tiles(self, H: int, exact: bool) -> Tiles:
+        bh = self.heads.per_program(H, exact)
+        nw = self.num_warps or (4 if bh <= 16 else 8)
+        return Tiles(bh, self.block_n, nw, self.num_stages, self.swap, self.skew, self.prefetch)
 
 
-@functools.cache
-def _variants(H: int) -> MappingProxyType:
-    """The kernel variants `plan_for` chooses from at H heads, measured on the H200
-    (benchmarks/RESULTS.md): 16 or 32 heads per program (8-32 heads, and 64 heads at batch < 8),
-    or 64 (64 heads and up). Built once per H (a read-only view: `plan_for` runs every call)."""
-    bh = max(16, triton.next_power_of_2(H)) if H <= 32 else 16
-    small = {
-        "direct_n32": Plan(block_h=bh, block_n=32, num_warps=4 if bh <= 16 else 8, swap=False),
-        "swap_w8_n32_pf": Plan(block_h=bh, block_n=32, num_warps=8, swap=True, prefetch=True),
-        "ws_direct_n32": Plan(
-            block_h=bh, block_n=32, num_warps=4 if bh <= 16 else 8, swap=False, workspace=True,
-            num_stages=3,
-        ),
-        "ws_swap_w8_n32": Plan(
-            block_h=bh, block_n=32, num_warps=8, swap=True, workspace=True, num_stages=3
-        ),
-        "ws_direct_n64": Plan(
-            block_h=bh, block_n=64, num_warps=4 if bh <= 16 else 8, swap=False, workspace=True,
-            num_stages=2,
-        ),
-    }  # fmt: skip
-    small["direct_n32_x2"] = dataclasses.replace(small["direct_n32"], per_sm=2)
-    small["direct_n32_pf_x2"] = dataclasses.replace(small["direct_n32_x2"], prefetch=True)
-    # the CUDA kernel (cuda_decode; blocks of 8 or 16 heads): tiles of 16, grids of 2 or 3
-    # blocks per SM; tiles of 32, two; the slim build, two, three or four; the wide build, one
-    cuda = {
-        f"cuda_x{k}": Plan(block_h=16, block_n=16, num_warps=4, swap=False, cuda=True, per_sm=k)
-        for k in (2, 3)
+@dataclasses.dataclass(frozen=True)
+class FlashMla:
+    private: bool
+
+
+Spec = Cuda | Triton | FlashMla
+_V, _B, _R = Variant, Build, Heads.RANK
+SPECS: MappingProxyType[Variant, Spec] = MappingProxyType(
+    {
+        _V.CUDA_WIDE_X1: Cuda(_B.WIDE, per_sm=1),
+        _V.CUDA_X2: Cuda(_B.TILES16, per_sm=2),
+        _V.CUDA_X3: Cuda(_B.TILES16, per_sm=3),
+        _V.CUDA32_X2: Cuda(_B.TILES32, per_sm=2),
+        _V.CUDA_SLIM_X2: Cuda(_B.SLIM, per_sm=2),
+        _V.CUDA_SLIM_X3: Cuda(_B.SLIM, per_sm=3),
+        _V.CUDA_SLIM_X4: Cuda(_B.SLIM, per_sm=4),
+        _V.CUDA_HALF_X4: Cuda(_B.HALF, per_sm=4),
+        _V.CUDA_HALF_X5: Cuda(_B.HALF, per_sm=5),
+        _V.CUDA_WG64_X1: Cuda(_B.WG64, per_sm=1),
+        _V.DIRECT_N32_X2: Triton(_R, 32, per_sm=2),
+        _V.DIRECT_N32_PF_X2: Triton(_R, 32, prefetch=True, per_sm=2),
+        _V.SWAP_W8_N32_PF: Triton(_R, 32, num_warps=8, swap=True, prefetch=True),
+        _V.SKEW64_N32: Triton(Heads.SIXTY_FOUR, 32, num_warps=8, skew=True),
+        _V.WS_DIRECT_N64: Triton(_R, 64, num_stages=2, workspace=True),
+        _V.WS_DIRECT_N32: Triton(_R, 32, num_stages=3, workspace=True),
+        _V.FLASHMLA: FlashMla(private=False),
+        _V.FLASHMLA_PRIVATE: FlashMla(private=True),
+        _V.PLAIN_N32: Triton(Heads.ALL, 32),
+        _V.PLAIN_N32_IEEE: Triton(Heads.ALL, 32, ieee=True),
     }
-    cuda["cuda32_x2"] = dataclasses.replace(cuda["cuda_x2"], block_n=32)
-    for k in (2, 3, 4):
-        cuda[f"cuda_slim_x{k}"] = dataclasses.replace(cuda["cuda_x2"], slim=True, per_sm=k)
-    cuda["cuda_wide_x1"] = dataclasses.replace(cuda["cuda_x2"], wide=True, per_sm=1)
-    if H <= 8:  # two warps a block (blocks of 8 heads): five blocks per SM, four with fp32 q
-        for k in (4, 5):
-            cuda[f"cuda_half_x{k}"] = dataclasses.replace(cuda["cuda_x2"], half=True, per_sm=k)
-        cuda["cuda_wg_x1"] = dataclasses.replace(cuda["cuda_x2"], wg=True, per_sm=1)
-    if H > 16:  # blocks of 64 heads (32 heads padded to 64)
-        cuda["cuda_wg64_x1"] = Plan(
-            block_h=64, block_n=64, num_warps=12, swap=False, cuda=True, wg64=True, per_sm=1
-        )
-    if H <= 32:  # and FlashMLA's sparse prefill over the workspace, the heads padded to 64
-        return MappingProxyType(small | cuda | {"flashmla": _FLASHMLA})
-    many_heads = {
-        "direct64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False),
-        "direct64_n64": Plan(block_h=64, block_n=64, num_warps=8, swap=False),
-        "skew64_n32": Plan(block_h=64, block_n=32, num_warps=8, swap=False, skew=True),
-        "direct_n32_bh16": small["direct_n32"],
-        "swap_w8_n32_pf_bh16": small["swap_w8_n32_pf"],
-        "flashmla": _FLASHMLA,
-        "flashmla_private": Plan(
-            block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True, private=True
-        ),
-    }
-    return MappingProxyType(cuda | many_heads)
+)
 
 
-_FLASHMLA = Plan(block_h=64, block_n=32, num_warps=8, swap=False, flashmla=True)
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One launch: `variant`; tiles: the Triton routes' tile shape at the call's heads (None on
+    the others); num_splits: per (token, block of heads), None = fill the GPU `per_sm` times."""
+
+    variant: Variant
+    tiles: Tiles | None = None
+    num_splits: int | None = None
+
+    @property
+    def spec(self) -> Spec:
+        return SPECS[self.variant]
 
 
-@functools.cache
-def _exact_variants(H: int) -> MappingProxyType:
-    """The exact path's variants (fp32 q) at H heads: 16-head programs (with q's three parts,
-    32 or 64 heads per program need more than the SM's 227 KB of shared memory), no FlashMLA
-    (bf16 q) or SKEW, plus `ieee_bh16` (fp32 tiles with IEEE products: the exact path before
-    the three-part split), and the CUDA kernel's exact mode (blocks of 8 heads at any H, so
-    its half build too)."""
-    v = {k: p for k, p in _variants(8).items() if not (p.flashmla or p.skew)}
-    v["ieee_bh16"] = Plan(block_h=16, block_n=32, num_warps=4, swap=False, ieee=True)
-    return MappingProxyType(v)
-
-
-def variants_for(H: int, exact: bool = False) -> dict:
-    """Named launch options (every field of `Plan`) of each variant `plan_for` chooses from at H
-    heads, for bf16 q or (exact) fp32 q; the GPU tests run each, benchmarks/bench_attention.py
-    --sweep times each."""
-    v = _exact_variants(H) if exact else _variants(H)
-    return {name: dataclasses.asdict(plan) for name, plan in v.items()}
+def plan_of(
+    variant: Variant | str,
+    H: int,
+    exact: bool,
+    tiles: Tiles | None = None,
+    num_splits: int | None = None,
+) -> Plan:
+    """The plan that runs `variant` (or its name) at H heads, bf16 or (exact) fp32 q; tiles
+    replace a Triton variant's tile shape (refused on the other routes)."""
+    try:
+        variant = Variant(variant)
+    except ValueError:
+        names = [v.value for v in Variant]
+        raise ValueError(f"unknown variant {variant!r}; one of {names}") from None
+    spec = SPECS[variant]
+    if not isinstance(spec, Triton):
+        if tiles is not None:
+            raise ValueError(f"tiles apply to the Triton variants, not to {variant.value}")
+        return Plan(variant, None, num_splits)
+    return Plan(variant, tiles or spec.tiles(H, exact), num_splits)

@@ -1,7 +1,7 @@
-// Warpgroup helpers of the wgmma kernels (cuda_wgmma.cu, cuda_wg64.cu), inlined into them by
+// Warpgroup helpers of the wgmma kernel (cuda_wg64.cu), inlined into it by
 // cuda_jit.load_source: named barriers, the generic-to-async proxy fence, wgmma's fence / commit
-// / wait, the byte offset of a core matrix in the no-swizzle tiles both kernels lay out, and
-// mbarriers with bulk copies from global memory.
+// / wait, the byte offset of a core matrix in the no-swizzle tiles it lays out, and mbarriers
+// with bulk copies from global memory.
 
 #pragma once
 

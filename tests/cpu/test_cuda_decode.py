@@ -1,7 +1,8 @@
-"""The CUDA sparse-attention kernel without a GPU: its source builds with NVRTC for sm_90a (the
-test environment's PyTorch brings NVRTC) within the registers and local memory it is meant to
-use, the build cache, the launcher's argument contract, and the plan's choice of it. Its
-numbers are checked on the GPU (tests/gpu/test_sparse_attn.py, against the torch reference).
+"""The CUDA sparse-attention kernel without a GPU: every build the plan chooses compiles with
+NVRTC for sm_90a (the test environment's PyTorch brings NVRTC) within the registers and local
+memory it is meant to use, the build cache, the launcher's argument contract. Which shapes
+take it: test_sparse_attn_selection.py; a build that fails: test_sparse_attn_fallback.py. Its
+numbers are checked on the GPU (tests/gpu/test_cuda_attn.py, against the torch reference).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import pytest
 import torch
 
 from sglang_dsv41.kernels.sparse_attn import cuda_decode, cuda_jit
-from sglang_dsv41.kernels.sparse_attn import triton as tri
+from sglang_dsv41.kernels.sparse_attn import plan as plan_mod
+from sglang_dsv41.kernels.sparse_attn.cuda_decode import defines_for
+from sglang_dsv41.kernels.sparse_attn.variants import Build
 
 CPU = torch.device("cpu")
 
@@ -75,55 +78,51 @@ def _max_regs(defines: tuple) -> int:
 
 
 def test_the_builds_are_the_launchers():
-    assert cuda_decode.defines_for(8, False) == ("-DNH=1",)
-    assert cuda_decode.defines_for(5, True) == ("-DEXACT=1", "-DNH=1")
-    assert cuda_decode.defines_for(16, False, 32) == ("-DNH=2", "-DBN=32", "-DSTAGES=2")
-    slim = cuda_decode.defines_for(8, True, slim=True)
+    assert defines_for(Build.TILES16, 8, False) == ("-DNH=1",)
+    assert defines_for(Build.TILES16, 5, True) == ("-DEXACT=1", "-DNH=1")
+    assert defines_for(Build.TILES32, 16, False) == ("-DNH=2", "-DBN=32", "-DSTAGES=2")
+    slim = defines_for(Build.SLIM, 8, True)
     assert slim == ("-DEXACT=1", "-DNH=1", "-DKBUF=1", "-DSTAGES=2", "-DMIN_BLOCKS=4")
     assert 4 * (cuda_decode.smem_bytes(slim) + 1024) <= 228 * 1024  # four blocks per SM
-    slim16 = cuda_decode.defines_for(16, False, slim=True)  # three stages, three blocks
+    slim16 = defines_for(Build.SLIM, 16, False)  # three stages, three blocks
     assert slim16 == ("-DNH=2", "-DKBUF=1", "-DSTAGES=3", "-DMIN_BLOCKS=3")
     assert 3 * (cuda_decode.smem_bytes(slim16) + 1024) <= 228 * 1024
-    half = cuda_decode.defines_for(8, False, half=True)
+    half = defines_for(Build.HALF, 8, False)
     assert half == ("-DNH=1", "-DNW=2", "-DKBUF=1", "-DSTAGES=2", "-DMIN_BLOCKS=5")
     assert cuda_decode.warps(half) == 2 and cuda_decode.warps(slim) == 4
     assert 5 * (cuda_decode.smem_bytes(half) + 1024) <= 228 * 1024  # five blocks per SM
-    assert "-DMIN_BLOCKS=4" in cuda_decode.defines_for(3, True, half=True)
-    wide = cuda_decode.defines_for(16, False, wide=True)
+    assert "-DMIN_BLOCKS=4" in defines_for(Build.HALF, 3, True)
+    wide = defines_for(Build.WIDE, 16, False)
     assert wide == ("-DNH=2", "-DNW=8", "-DMIN_BLOCKS=2") and cuda_decode.warps(wide) == 8
     assert 2 * (cuda_decode.smem_bytes(wide) + 1024) <= 228 * 1024  # two blocks per SM
-    assert cuda_decode.defines_for(8, True, wide=True) == ("-DEXACT=1", "-DNH=1", *wide[1:])
-    wg = cuda_decode.defines_for(8, False, wg=True)
-    assert wg == ("-DNH=1", "-DWG=1", "-DBN=64", "-DNPW=2") and cuda_decode.warps(wg) == 12
-    assert cuda_decode.warps(cuda_decode.defines_for(64, True, wg=True)) == 8  # one producer WG
-    for x in (False, True):  # one block per SM: at most 227 KB of dynamic shared memory
-        assert cuda_decode.smem_bytes(cuda_decode.defines_for(8, x, wg=True)) <= 232448
-    wg64 = cuda_decode.defines_for(64, False, wg64=True)
+    assert defines_for(Build.WIDE, 8, True) == ("-DEXACT=1", "-DNH=1", *wide[1:])
+    wg64 = defines_for(Build.WG64, 64, False)
     assert wg64 == ("-DWG64=1", "-DBN=64") and cuda_decode.warps(wg64) == 12
-    assert cuda_decode.smem_bytes(wg64) <= 232448 and cuda_decode.group_heads(40, False, True) == 64
-    assert cuda_decode.source(wg64)[1] == "sparse_wg64" and cuda_decode.source(wg)[1] == "sparse_wg"
-    assert len(set(cuda_decode.BUILDS)) == 17
+    assert cuda_decode.smem_bytes(wg64) <= 232448
+    assert cuda_decode.group_heads(40, False, Build.WG64) == 64
+    assert (
+        cuda_decode.source(wg64)[1] == "sparse_wg64"
+        and cuda_decode.source(half)[1] == "sparse_decode_h16"
+    )
     with pytest.raises(ValueError, match="wg64"):
-        cuda_decode.defines_for(64, True, wg64=True)  # bf16 q only
-    with pytest.raises(ValueError, match="slim"):
-        cuda_decode.defines_for(8, False, 32, slim=True)
+        defines_for(Build.WG64, 64, True)  # bf16 q only
     with pytest.raises(ValueError, match="half"):
-        cuda_decode.defines_for(16, False, half=True)  # blocks of 16 heads
-    with pytest.raises(ValueError, match="half"):
-        cuda_decode.defines_for(8, False, slim=True, half=True)
-    with pytest.raises(ValueError, match="wg"):
-        cuda_decode.defines_for(16, False, wg=True)
-    with pytest.raises(ValueError, match="wide"):
-        cuda_decode.defines_for(8, False, slim=True, wide=True)
-    with pytest.raises(ValueError, match="wide"):
-        cuda_decode.defines_for(8, False, 32, wide=True)  # tiles of 16 only
-    with pytest.raises(ValueError, match="tiles of"):
-        cuda_decode.defines_for(8, False, 64)
+        defines_for(Build.HALF, 16, False)  # blocks of 16 heads
 
 
-@pytest.mark.parametrize("defines", cuda_decode.BUILDS)
+def test_the_plan_chooses_thirteen_builds():
+    """Tiles of 16 for blocks of 8 heads (bf16 and fp32 q), of 32 for 16 bf16 or 8 fp32 heads,
+    the wide build for all three, the slim build for all three, the half build for blocks of 8
+    heads, the 64-head kernel."""
+    builds = plan_mod.reachable_builds()
+    assert len(builds) == len(set(builds)) == 13
+    assert defines_for(Build.TILES16, 16, False) not in builds  # measured, never the fastest
+    assert defines_for(Build.TILES32, 8, False) not in builds
+
+
+@pytest.mark.parametrize("defines", plan_mod.reachable_builds())
 def test_the_kernel_builds_for_sm90a_without_spills(defines, tmp_path):
-    """Every build the launcher makes, within the registers of the blocks per SM it is meant to
+    """Every build the plan chooses, within the registers of the blocks per SM it is meant to
     run (`_max_regs`); no local memory."""
     _nvrtc_or_skip()
     path, name = cuda_decode.source(defines)
@@ -200,106 +199,26 @@ def test_shared_memory_per_build():
     assert cuda_decode.smem_bytes(("-DNH=1",)) == 34816 + 4096 + 3 * 9216
     assert cuda_decode.smem_bytes(("-DSTAGES=4",)) - cuda_decode.smem_bytes() == 9216
     assert 3 * (cuda_decode.smem_bytes() + 1024) <= 228 * 1024
-    b32 = cuda_decode.defines_for(16, False, 32)
+    b32 = defines_for(Build.TILES32, 16, False)
     assert cuda_decode.smem_bytes(b32) == 34816 + 16384 + 2 * 18432
     assert 2 * (cuda_decode.smem_bytes(b32) + 1024) <= 228 * 1024
-    half = cuda_decode.defines_for(8, False, half=True)
+    half = defines_for(Build.HALF, 8, False)
     assert cuda_decode.smem_bytes(half) == 2 * 16 * 528 + 2048 + 2 * 2 * (8 * 512 + 512)
-    wide = cuda_decode.defines_for(8, False, wide=True)
+    wide = defines_for(Build.WIDE, 8, False)
     assert cuda_decode.smem_bytes(wide) == 8 * (2 * 16 * 144 + 1024 + 3 * (1024 + 128))
     # the 64-head kernel: two 64 KB tiles, q (64 x 512 bf16), the entry flags of two buffers;
     # the output rows staged over the tiles and q (64 rows of 520 floats) fit
-    wg64 = cuda_decode.defines_for(64, False, wg64=True)
+    wg64 = defines_for(Build.WG64, 64, False)
     lay = _source_defines(cuda_decode._WG64_SRC)  # the kernel's own layout
     assert cuda_decode.smem_bytes(wg64) == lay["SMEM_BYTES"] == 2 * 65536 + 65536 + 512 + 16
     assert 64 * lay["STAGE_ROW"] * 4 <= lay["OFF_OK"]  # the staged output stays off the flags
 
 
-def test_the_plan_takes_it_only_where_it_runs_and_was_faster(monkeypatch):
+def test_no_build_on_a_device_without_it(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not cuda_decode.available(CPU)
-    assert not tri.plan_for(64, 8, 512, CPU, False).cuda  # no GPU: Triton's plan
-    monkeypatch.setattr(tri, "_cuda_ok", lambda device: True)
-
-    def name(T, H, exact=False):  # the variant the plan picks, by name
-        plan = tri.plan_for(T, H, 512, CPU, exact)
-        names = [n for n, p in tri.variants_for(H, exact).items() if tri.Plan(**p) == plan]
-        return names[0] if plan.cuda else "triton"
-
-    # bf16 q (the measured winners, benchmarks/RESULTS.md)
-    want = {
-        8: {
-            1: "cuda_wide_x1",
-            7: "cuda_wide_x1",
-            8: "cuda_x2",
-            31: "cuda_x2",
-            32: "cuda_x2",
-            39: "cuda_x2",
-            40: "cuda_slim_x3",
-            127: "cuda_slim_x3",
-            128: "cuda_slim_x4",
-            4096: "cuda_half_x5",
-        },
-        16: {
-            1: "cuda_wide_x1",
-            7: "cuda_wide_x1",
-            8: "cuda32_x2",
-            32: "cuda_slim_x2",
-            127: "cuda_slim_x2",
-            256: "cuda32_x2",
-            4096: "cuda_slim_x2",
-        },
-        24: {1: "cuda_wide_x1", 3: "cuda_wide_x1", 4: "cuda_wg64_x1"},
-        32: {1: "cuda_wide_x1", 3: "cuda_wide_x1", 4: "cuda_wg64_x1", 1024: "triton"},
-        48: {2: "cuda_wide_x1", 3: "cuda_wg64_x1"},
-        64: {1: "cuda_wide_x1", 2: "cuda_wg64_x1", 1023: "cuda_wg64_x1", 4096: "triton"},
-        128: {1: "triton", 2: "cuda_wg64_x1", 4096: "triton"},
-    }
-    for H, cases in want.items():
-        for T, n in cases.items():
-            assert name(T, H) == n, (T, H)
-    # fp32 q (the served layer's exact path): the exact mode at every head count
-    want_x = {
-        8: {
-            1: "cuda_wide_x1",
-            8: "cuda_x3",
-            64: "cuda_x2",
-            300: "cuda_slim_x4",
-            4096: "cuda_half_x4",
-        },
-        16: {
-            1: "cuda_wide_x1",
-            3: "cuda_wide_x1",
-            4: "cuda_x3",
-            64: "cuda32_x2",
-            256: "cuda_half_x4",
-            4096: "cuda_half_x4",
-        },
-        64: {
-            1: "cuda_x3",
-            8: "cuda_x3",
-            32: "cuda32_x2",
-            127: "cuda32_x2",
-            128: "cuda_half_x4",
-            4096: "cuda_half_x4",
-        },
-    }
-    for H, cases in want_x.items():
-        for T, n in cases.items():
-            assert name(T, H, True) == n, (T, H)
-    # cuda=False: the Triton plan a call falls back to when the kernel cannot take it
-    t8 = tri.variants_for(8)
-    assert tri.plan_for(64, 8, 512, CPU, False, cuda=False) == tri.Plan(**t8["direct_n32_pf_x2"])
-    t8x = tri.variants_for(8, exact=True)
-    assert tri.plan_for(1, 8, 512, CPU, True, cuda=False) == tri.Plan(**t8x["swap_w8_n32_pf"])
-    assert tri.plan_for(64, 8, 512, CPU, True, cuda=False) == tri.Plan(**t8x["direct_n32_x2"])
-    assert tri.plan_for(1024, 8, 512, CPU, False, cuda=False).workspace  # prefill w/o it
-    for H in (8, 16, 32, 64):  # every head count has the CUDA variants (the GPU tests run them)
-        for exact in (False, True):
-            names = {"cuda_x2", "cuda_x3", "cuda32_x2", "cuda_wide_x1"}
-            names |= {"cuda_slim_x2", "cuda_slim_x3", "cuda_slim_x4"}
-            names |= {"cuda_half_x4", "cuda_half_x5", "cuda_wg_x1"} if H <= 8 or exact else set()
-            assert names <= set(tri.variants_for(H, exact)), H
+    assert cuda_decode.why_unavailable(CPU) == "not a CUDA device"
+    assert cuda_decode.build_error(defines_for(Build.TILES16, 8, False), CPU) is not None
+    assert not cuda_decode._ERRORS  # nothing built, nothing remembered
 
 
 def test_the_source_ships_with_the_package():
@@ -307,31 +226,6 @@ def test_the_source_ships_with_the_package():
     with open(os.path.join(root, "pyproject.toml")) as f:
         text = f.read()
     assert re.search(r'^"sglang_dsv41\.kernels\.sparse_attn" = \["\*\.cu", "\*\.cuh"\]', text, re.M)
-
-
-def test_tiles_of_32_over_a_slim_default_drop_slim(monkeypatch):
-    """A launch that asks for tiles of 32 where the default plan is the slim, the half or the
-    wide build (tiles of 16 only) gets the tiles of 32 build; asking for both is refused by
-    name."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(tri, "_cuda_ok", lambda device: True)
-    assert tri.plan_for(300, 8, 512, CPU, False).slim
-    assert tri.plan_for(4096, 8, 512, CPU, False).half
-    assert tri.plan_for(1, 8, 512, CPU, False).wide
-    seen = {}
-
-    def fake(*args, wg=False, wg64=False, wide=False):
-        seen["block_n"], seen["slim"], seen["half"] = args[-3:]
-        seen["wg"] = wg or wg64 or wide
-
-    monkeypatch.setattr(cuda_decode, "sparse_attention", fake)
-    for T in (1, 300, 4096):
-        q, swa, sw, kv, tk, fp4 = _args(T=T)
-        tri.sparse_attention(q, swa, sw, kv, tk, fp4, None, 1.0, None, cuda=True, block_n=32)
-        assert seen == {"block_n": 32, "slim": False, "half": False, "wg": False}, T
-    monkeypatch.undo()
-    with pytest.raises(ValueError, match="slim"):
-        cuda_decode.defines_for(8, False, 32, slim=True)
 
 
 def test_includes_are_inlined_once(tmp_path):

@@ -14,6 +14,7 @@ from sglang_dsv41.kernels.sparse_attn import (
     swa_window_slots,
 )
 from sglang_dsv41.kernels.sparse_attn.ref import decode_records, gather_records
+from sglang_dsv41.kernels.sparse_attn.variants import Tiles
 from sglang_dsv41.kv.records import Layout, pack, unpack
 from sglang_dsv41.layers.sparse_attention import sparse_attention as attention_formula
 
@@ -133,16 +134,18 @@ def test_entry_slots():
     assert got.tolist() == [[123, -1, 120], [19 + 100, 105, -1]]
 
 
-# Kernel variants of kernels/sparse_attn/triton.py (Plan fields), each run under the interpreter.
+# The Triton kernel's switches (kernels/sparse_attn/variants.py, Tiles), over the records (the
+# plan's variant under the interpreter) and over the bf16 workspace, each run under the
+# interpreter: (variant or None, Tiles fields beside block_h and num_warps, num_splits).
 INTERP_VARIANTS = [
-    dict(swap=True, prefetch=True, block_n=16),
-    dict(swap=True, skew=True, prefetch=True, block_n=16, num_splits=3),
-    dict(swap=True, block_n=32, num_splits=2),
-    dict(swap=False, block_n=16),
-    dict(swap=False, skew=True, block_n=16, num_splits=3),
-    dict(swap=False, prefetch=True, block_n=32, num_splits=2),
-    dict(swap=False, workspace=True, block_n=16),
-    dict(swap=True, workspace=True, block_n=32, num_splits=2),
+    (None, dict(swap=True, prefetch=True, block_n=16), None),
+    (None, dict(swap=True, skew=True, prefetch=True, block_n=16), 3),
+    (None, dict(swap=True, block_n=32), 2),
+    (None, dict(swap=False, block_n=16), None),
+    (None, dict(swap=False, skew=True, block_n=16), 3),
+    (None, dict(swap=False, prefetch=True, block_n=32), 2),
+    ("ws_direct_n32", dict(swap=False, block_n=16), None),
+    ("ws_direct_n32", dict(swap=True, block_n=32), 2),
 ]
 
 
@@ -155,7 +158,7 @@ def test_triton_kernel_variants_interpreted(H):
 
     D, T, W, TOPK, S = 64, 3, 10, 20, 40
     for layout in (Layout.V41_FP4, Layout.V41):
-        for launch in INTERP_VARIANTS:
+        for variant, switches, ns in INTERP_VARIANTS:
             swa = pack(Layout.V41, torch.randn(S, D))
             kv = pack(layout, torch.randn(S, D))
             q = torch.randn(T, H, D).to(torch.bfloat16)
@@ -165,17 +168,18 @@ def test_triton_kernel_variants_interpreted(H):
             tk = torch.randint(0, S, (T, TOPK), dtype=torch.int32)
             tk[1, 5:] = -1
             tk[2] = -1
-            sink = torch.randn(2 * H)[H:] if "num_splits" in launch else None
+            sink = torch.randn(2 * H)[H:] if ns else None
             ref = sparse_attention_ref(
                 q, SparseKV(swa, sw, kv, tk, layout), sink, None, torch.float32
             )
             out = torch.full((T, H, D), float("nan"))
             tri.sparse_attention(
                 q, swa, sw, kv, tk, layout is Layout.V41_FP4, sink, D**-0.5, out,
-                block_h=max(16, H), num_warps=4, **launch,
+                variant=variant, num_splits=ns,
+                tiles=Tiles(block_h=max(16, H), num_warps=4, **switches),
             )  # fmt: skip
             err = ((out - ref).norm() / ref.norm()).item()
-            assert err < 1e-5 and (out[2] == 0).all(), (layout, launch, err)
+            assert err < 1e-5 and (out[2] == 0).all(), (layout, variant, switches, err)
 
 
 def _interp_err(q, swa, sw, kv, tk, layout, sink, ref, launch) -> float:
@@ -183,9 +187,10 @@ def _interp_err(q, swa, sw, kv, tk, layout, sink, ref, launch) -> float:
 
     out = torch.full(q.shape, float("nan"))
     D = q.shape[-1]
+    variant, switches, ns = launch
     tri.sparse_attention(
         q, swa, sw, kv, tk, layout is Layout.V41_FP4, sink, D**-0.5, out,
-        block_h=16, num_warps=4, **launch,
+        variant=variant, num_splits=ns, tiles=Tiles(block_h=16, num_warps=4, **switches),
     )  # fmt: skip
     return ((out - ref).norm() / ref.norm()).item()
 
@@ -199,7 +204,7 @@ def test_exact_path_three_parts_interpreted():
     D, T, H, W, TOPK, S = 64, 3, 8, 10, 20, 40
     for layout in (Layout.V41_FP4, Layout.V41):
         for launch in INTERP_VARIANTS:
-            if launch.get("skew"):
+            if launch[1].get("skew"):
                 continue
             swa = pack(Layout.V41, torch.randn(S, D))
             kv = pack(layout, torch.randn(S, D))
@@ -364,18 +369,18 @@ def test_split_grids_have_no_empty_splits():
     """`pick_splits`: each split gets a ceil share of the tiles, and there are no more splits
     than give each program that many (the 64-head kernel at 16 tokens had 8 splits of 10 tiles,
     three of them empty, and took 22.7 us against 19.8 with 5 on the H200)."""
-    from sglang_dsv41.kernels.sparse_attn import triton as tri
+    from sglang_dsv41.kernels.sparse_attn.merge import pick_splits
 
     cpu = torch.device("cpu")  # 2 "SMs" off CUDA
     for n_tiles in range(0, 50):
         for per_sm in range(1, 200):
-            ns = tri.pick_splits(1, 1, n_tiles, cpu, per_sm)
+            ns = pick_splits(1, 1, n_tiles, cpu, per_sm)
             fill = max(1, min(n_tiles, 2 * per_sm))  # the splits that fill the grid
             assert 1 <= ns <= fill, (n_tiles, per_sm, ns)
             if n_tiles:  # the same tiles a program as the filling grid, and the last split has some
                 per = -(-n_tiles // ns)
                 assert per == -(-n_tiles // fill) and (ns - 1) * per < n_tiles, (n_tiles, per_sm)
-    assert tri.pick_splits(1, 1, 10, cpu, 4) == 5  # 8 fit the grid; 5 give the same 2 tiles each
+    assert pick_splits(1, 1, 10, cpu, 4) == 5  # 8 fit the grid; 5 give the same 2 tiles each
 
 
 def test_merge_launch_shape_bounds_each_threads_values():
@@ -459,7 +464,7 @@ def test_workspace_bound_by_max_slots_interpreted(monkeypatch):
         out = torch.full((T, H, D), float("nan"))
         tri.sparse_attention(
             q, swa, sw, kv, tk, True, sink, D**-0.5, out, max_slots=bound,
-            workspace=True, block_h=16, num_warps=4, block_n=16,
+            variant="ws_direct_n32", tiles=Tiles(block_h=16, block_n=16, num_warps=4),
         )  # fmt: skip
         assert ((out - ref).norm() / ref.norm()).item() < 1e-5
     assert not any(args and args[0] for args in synced)  # never the exact-size (sync) build
@@ -473,7 +478,7 @@ def test_workspace_bound_by_max_slots_interpreted(monkeypatch):
     out = torch.full((T, H, D), 0.0)
     tri.sparse_attention(
         q, swa, sw, kv, tk, True, sink, D**-0.5, out, max_slots=bound,
-        workspace=True, block_h=16, num_warps=4, block_n=16,
+        variant="ws_direct_n32", tiles=Tiles(block_h=16, block_n=16, num_warps=4),
     )  # fmt: skip
     assert out[over].isnan().all() and not out[~over].isnan().any()
     assert torch.allclose(out[~over], ref[~over], rtol=1e-5, atol=1e-6)

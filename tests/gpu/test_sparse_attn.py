@@ -4,7 +4,8 @@ Bar (flash-attention's Hopper rule): error <= 2x the error of plain bf16 torch, 
 against the fp32 reference. Pools are poisoned with 0xFF (NaN in every record format) and only
 the referenced slots are written by the store kernel, so a read of an unwritten slot fails.
 Every head count a rank serves (8, 16, 32, 64 heads per GPU, and 128) runs the default plan and
-each kernel variant the plan can choose (`triton.variants_for`), with this rank's slice of the sink.
+each kernel variant the plan can choose there (`plan.variants_at`), with this rank's slice of the
+sink.
 """
 
 import pytest
@@ -14,13 +15,15 @@ from sglang_dsv41.kernels.args import SparseKV
 from sglang_dsv41.kernels.dispatch import device_capability
 from sglang_dsv41.kernels.kv_store import store_records
 from sglang_dsv41.kernels.sparse_attn import (
+    cuda_decode,
     sparse_attention,
     sparse_attention_ref,
     swa_window_slots,
     triton_flashmla,
     triton_workspace,
 )
-from sglang_dsv41.kernels.sparse_attn import triton as tri
+from sglang_dsv41.kernels.sparse_attn import plan as plan_mod
+from sglang_dsv41.kernels.sparse_attn.variants import SPECS, Cuda, FlashMla, Tiles, Variant
 from sglang_dsv41.kv.records import Layout, record_bytes
 
 pytestmark = pytest.mark.skipif(
@@ -65,6 +68,12 @@ def make_case(T, H, D, W, TOPK, layout, ctx=300, floor_every=0, rank=1):
     return q, swa, sw, kv, tk, sink
 
 
+def _cuda_or_skip():
+    why = cuda_decode.why_unavailable(DEV)
+    if why is not None:
+        pytest.skip(f"the CUDA kernel does not run here: {why}")
+
+
 def _check(q, swa, sw, kv, tk, layout, sink, **launch):
     ref = sparse_attention_ref(q, SparseKV(swa, sw, kv, tk, layout), sink, None, torch.float32)
     bf = sparse_attention_ref(
@@ -93,13 +102,16 @@ def test_decode_and_prefill_shapes(layout, H, T):
 @pytest.mark.parametrize("T", [1, 40])
 @pytest.mark.parametrize(
     "H, variant",
-    [(h, v) for h in (8, 16, 32, 64) for v in tri.variants_for(h) if v != "flashmla"],
-)
+    [(h, v) for h in (8, 16, 32, 64, 128) for v in plan_mod.variants_at(h, False)
+     if v is not Variant.FLASHMLA],
+)  # fmt: skip
 def test_every_variant_at_every_head_count(layout, T, H, variant):
-    """Each kernel variant the plan may pick, split (T = 1) and unsplit (T = 40)."""
-    launch = dict(tri.variants_for(H)[variant], num_splits=None if T == 1 else 1)
-    if launch["flashmla"] and not triton_flashmla.available():
+    """Each kernel variant the plan may pick at H heads, split (T = 1) and unsplit (T = 40)."""
+    launch = dict(variant=variant, num_splits=None if T == 1 else 1)
+    if isinstance(SPECS[variant], FlashMla) and not triton_flashmla.available():
         pytest.skip("flash_mla is not installed")
+    if isinstance(SPECS[variant], Cuda):
+        _cuda_or_skip()
     q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
     out, _, _ = _check(q, swa, sw, kv, tk, layout, sink, **launch)
     if T > 2:
@@ -128,20 +140,8 @@ def test_flashmla_workspace_path(layout, H, monkeypatch):
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_splits_and_tiles_agree(layout, block_h, block_n, num_warps, num_splits):
     q, swa, sw, kv, tk, sink = make_case(4, 64, 512, 128, 512, layout, floor_every=2)
-    _check(
-        q,
-        swa,
-        sw,
-        kv,
-        tk,
-        layout,
-        sink,
-        num_splits=num_splits,
-        block_h=block_h,
-        block_n=block_n,
-        num_warps=num_warps,
-        swap=False,
-    )
+    tiles = Tiles(block_h=block_h, block_n=block_n, num_warps=num_warps)
+    _check(q, swa, sw, kv, tk, layout, sink, num_splits=num_splits, tiles=tiles)
 
 
 def test_small_head_dim_no_sink_bf16_out():
@@ -185,14 +185,14 @@ def test_decode_graph_capture(H, T):
 
 @pytest.mark.parametrize(
     "H, variant",
-    [(8, "ws_direct_n32"), (32, "ws_swap_w8_n32"), (64, "flashmla"), (64, "flashmla_private")],
+    [(8, "ws_direct_n64"), (32, "ws_direct_n64"), (64, "flashmla"), (64, "flashmla_private")],
 )
 def test_prefill_routes_graph_capture(H, variant):
     """The workspace routes (Triton over bf16 rows, FlashMLA) replay from a CUDA graph."""
     if variant.startswith("flashmla") and not triton_flashmla.available():
         pytest.skip("flash_mla is not installed")
     q, swa, sw, kv, tk, sink = make_case(40, H, 512, 128, 512, Layout.V41_FP4)
-    launch = tri.variants_for(H)[variant]
+    launch = dict(variant=variant)
     out = torch.empty(40, H, 512, dtype=torch.bfloat16, device=DEV)
     sparse_attention(
         q, SparseKV(swa, sw, kv, tk, Layout.V41_FP4), attn_sink=sink, out=out, **launch
@@ -228,13 +228,13 @@ def _exact_err(T, H, D, layout, **launch):
 
 @pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
 @pytest.mark.parametrize("H, D, T", [(4, 64, 40), (16, 128, 3)])
-@pytest.mark.parametrize("ieee", [False, True])
-def test_exact_path_fp32_q(layout, H, D, T, ieee):
-    """fp32 q takes the exact path (three-part bf16 products, or fp32 tiles with IEEE products
-    with ieee=True): the fp32 reference up to summation order. Small head dims: the tiny preset's
-    (D = 64), as the served layer passes them."""
+@pytest.mark.parametrize("variant", ["plain_n32", "plain_n32_ieee"])
+def test_exact_path_fp32_q(layout, H, D, T, variant):
+    """fp32 q takes the exact path (three-part bf16 products, or fp32 tiles with IEEE products,
+    the plan's choice at small head dims): the fp32 reference up to summation order. Small head
+    dims: the tiny preset's (D = 64), as the served layer passes them."""
     for splits in (1, 3):
-        err = _exact_err(T, H, D, layout, num_splits=splits, ieee=ieee)
+        err = _exact_err(T, H, D, layout, num_splits=splits, variant=variant)
         assert err < EXACT_BOUND, (err, splits)
 
 
@@ -242,17 +242,19 @@ def test_exact_path_fp32_q(layout, H, D, T, ieee):
 @pytest.mark.parametrize("T", [1, 40, 1100])
 @pytest.mark.parametrize(
     "H, variant",
-    [(h, v) for h in (8, 16, 32, 64) for v in tri.variants_for(h, exact=True) if v != "ieee_bh16"]
+    [(h, v) for h in (8, 16, 32, 64, 128) for v in plan_mod.variants_at(h, True)]
     + [(h, None) for h in (8, 16, 32, 64, 128)],
 )
 def test_exact_path_every_variant_d512(layout, T, H, variant):
-    """V4.1's head dim: each exact-path variant (None = the default plan), split (T = 1),
-    unsplit (T = 40) and prefill-sized (T = 1100: the workspace routes' size)."""
+    """V4.1's head dim: each exact-path variant the plan may pick at H heads (None = the
+    default plan), split (T = 1), unsplit (T = 40) and prefill-sized (T = 1100: the workspace
+    routes' size)."""
     if variant is None:
         launch = {}
     else:
-        launch = dict(tri.variants_for(H, exact=True)[variant])
-        launch["num_splits"] = None if T == 1 else 1
+        if isinstance(SPECS[variant], Cuda):
+            _cuda_or_skip()
+        launch = dict(variant=variant, num_splits=None if T == 1 else 1)
     assert _exact_err(T, H, 512, layout, **launch) < EXACT_BOUND
 
 
@@ -262,8 +264,9 @@ def test_workspace_sizes_give_the_same_output(H, variant, monkeypatch):
     chunk, eager, MAX_ROWS forced to that size) give the same output bit for bit (row orders
     differ: the owners race); the static bound in chunks replays from a CUDA graph (bit for bit
     through FlashMLA; the Triton plan splits one-token chunks, so within bf16 there)."""
-    launch = tri.variants_for(H)[variant]
-    if launch["flashmla"] and not triton_flashmla.available():
+    launch = dict(variant=variant)
+    flashmla = isinstance(SPECS[Variant(variant)], FlashMla)
+    if flashmla and not triton_flashmla.available():
         pytest.skip("flash_mla is not installed")
     q, swa, sw, kv, tk, sink = make_case(300, H, 512, 128, 512, Layout.V41_FP4)
     nan = torch.full((2000, 528), 0xFF, dtype=torch.uint8, device=DEV)  # never referenced
@@ -283,7 +286,7 @@ def test_workspace_sizes_give_the_same_output(H, variant, monkeypatch):
         sparse_attention(q, skv, sink, out=out, **launch)
     out.zero_()
     g.replay()
-    if launch["flashmla"]:
+    if flashmla:
         assert torch.equal(out, whole)
     else:  # chunks of one token: the Triton plan splits them (another summation order)
         err = (out.float() - whole.float()).norm() / whole.float().norm()
@@ -296,8 +299,8 @@ def test_exact_path_refuses_fp4_tiles_of_16():
     (the CUDA kernel's tiles of 16 are another kernel: `test_cuda_kernel_exact_mode`)."""
     q, swa, sw, kv, tk, sink = make_case(4, 16, 512, 128, 512, Layout.V41_FP4)
     skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
-    with pytest.raises(ValueError, match="block_n >= 32"):
-        sparse_attention(q.float(), skv, sink, block_n=16, cuda=False)
+    with pytest.raises(ValueError, match="block_n >= 32"):  # tiles: the plan's Triton choice
+        sparse_attention(q.float(), skv, sink, tiles=Tiles(block_h=16, block_n=16, num_warps=4))
 
 
 @pytest.mark.parametrize("H", [8, 64])
@@ -323,148 +326,9 @@ def test_flashmla_route_returns_its_output_without_out():
         pytest.skip("flash_mla is not installed")
     q, swa, sw, kv, tk, sink = make_case(1100, 64, 512, 128, 512, Layout.V41_FP4)
     skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
-    assert tri.plan_for(1100, 64, 512, DEV, False).flashmla
+    assert plan_mod.plan_for(1100, 64, 512, DEV, False).variant is Variant.FLASHMLA
     own = sparse_attention(q, skv, sink)
     out = torch.empty_like(own)
     filled = sparse_attention(q, skv, sink, out=out)
     assert filled.data_ptr() == out.data_ptr() and own.data_ptr() != out.data_ptr()
     assert torch.equal(own, filled)
-
-
-# the CUDA kernel's builds: tiles of 16, of 32, the slim build (four blocks per SM), the wide
-# build (eight warps a block), the half build (two warps a block) and the warpgroup kernel
-# (cuda_wgmma.cu); the last two take blocks of 8 heads: bf16 q at up to 8 heads, fp32 q at any
-_NO_BUILD = dict(block_n=16, slim=False, half=False, wg=False, wg64=False, wide=False)
-CUDA_BUILDS = [
-    _NO_BUILD,
-    dict(_NO_BUILD, block_n=32),
-    dict(_NO_BUILD, slim=True),
-    dict(_NO_BUILD, wide=True),
-    dict(_NO_BUILD, half=True),
-    dict(_NO_BUILD, wg=True),
-    dict(_NO_BUILD, block_n=64, wg64=True),  # blocks of 64 heads, any H
-]
-
-
-def _cuda_or_skip():
-    from sglang_dsv41.kernels.sparse_attn import cuda_decode
-
-    why = cuda_decode.why_unavailable(DEV)
-    if why is not None:
-        pytest.skip(f"the CUDA kernel does not run here: {why}")
-
-
-@pytest.mark.parametrize("build", CUDA_BUILDS)
-@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-@pytest.mark.parametrize("H", [1, 5, 8, 9, 16, 24, 64])
-@pytest.mark.parametrize("T", [1, 5, 40, 300])
-@pytest.mark.parametrize("num_splits", [None, 1, 3])
-def test_cuda_kernel_against_the_reference(layout, H, T, num_splits, build):
-    """The CUDA kernel (cuda_decode) at one and several blocks of heads, tiles of 16 and 32,
-    split and unsplit, fp32 and bf16 out (split: bf16 partials, within the 2x rule; unsplit: the
-    fp32 rows' rounding only); a token that sees only the sink gets zeros."""
-    _cuda_or_skip()
-    if (build["half"] or build["wg"]) and H > 8:
-        pytest.skip("the half and wg builds take blocks of 8 heads (bf16 q: up to 8 heads)")
-    if build["wg64"] and H == 64 and T == 300:
-        H = 128  # two blocks of 64 heads
-    q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, layout, floor_every=3)
-    launch = dict(cuda=True, num_splits=num_splits, **build)
-    out, _, err_bf = _check(q, swa, sw, kv, tk, layout, sink, **launch)
-    if T > 2:
-        assert (out[2] == 0).all()
-    skv = SparseKV(swa, sw, kv, tk, layout)
-    bf = sparse_attention(q, skv, sink, **launch).float()  # bf16 out
-    ref = sparse_attention_ref(q, skv, sink, None, torch.float32)
-    assert ((bf - ref).norm() / ref.norm()).item() <= 2 * err_bf + 1e-6
-    if T > 2:
-        assert (bf[2] == 0).all()
-    if num_splits == 1:
-        torch.testing.assert_close(bf, out, rtol=2**-8, atol=1e-5)  # out's rounding only
-
-
-@pytest.mark.parametrize("build", CUDA_BUILDS)
-@pytest.mark.parametrize("num_splits", [None, 1])
-@pytest.mark.parametrize("start", [0, 4])
-def test_cuda_kernel_q_rows_apart(build, num_splits, start):
-    """q rows 1040 bytes apart, on 16 bytes (start 0: the 64-head kernel's bulk copy a row
-    instead of one for all rows) or off them (start 4: its 2-byte loads) give the contiguous
-    q's output exactly."""
-    _cuda_or_skip()
-    H = 64 if build["wg64"] else 8
-    q, swa, sw, kv, tk, sink = make_case(40, H, 512, 128, 512, Layout.V41_FP4, floor_every=3)
-    wide = torch.zeros(40, H, 520, dtype=q.dtype, device=DEV)
-    wide[:, :, start : start + 512] = q
-    apart = wide[:, :, start : start + 512]
-    assert apart.stride(1) == 520 and (apart.data_ptr() % 16 == 0) == (start == 0)
-    skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
-    launch = dict(cuda=True, num_splits=num_splits, **build)
-    want = sparse_attention(q, skv, sink, **launch)
-    assert torch.equal(sparse_attention(apart, skv, sink, **launch), want)
-
-
-@pytest.mark.parametrize("build", CUDA_BUILDS)
-@pytest.mark.parametrize("W, TOPK", [(7, 40), (128, 0), (0, 100), (19, 5), (40, 17)])
-def test_cuda_kernel_segment_lengths(W, TOPK, build):
-    """Windows and top-k lists that are no multiple of the kernel's tiles, or empty."""
-    _cuda_or_skip()
-    q, swa, sw, kv, tk, sink = make_case(40, 8, 512, max(W, 1), max(TOPK, 1), Layout.V41_FP4)
-    sw, tk = sw[:, :W].contiguous(), tk[:, :TOPK].contiguous()
-    for ns in (None, 1):
-        _check(q, swa, sw, kv, tk, Layout.V41_FP4, sink, cuda=True, num_splits=ns, **build)
-
-
-def test_cuda_kernel_graph_capture_and_default_plan():
-    """The default plan takes the CUDA kernel at up to 16 heads from one token, for fp32 q at any
-    head count, and its wide build below 8 (token, block of heads) pairs (`_cuda_variant`); it
-    replays from a CUDA graph; arguments it cannot take (a cache off a 16-byte boundary) go to
-    Triton."""
-    _cuda_or_skip()
-    assert tri.plan_for(64, 8, 512, DEV, False).cuda and tri.plan_for(300, 16, 512, DEV, False).cuda
-    assert tri.plan_for(1, 8, 512, DEV, False).wide and tri.plan_for(7, 16, 512, DEV, False).wide
-    assert tri.plan_for(1, 8, 512, DEV, True).wide  # fp32 q at up to 8 heads
-    assert tri.plan_for(64, 8, 512, DEV, True).cuda  # fp32 q at 8 heads: the exact mode
-    assert tri.plan_for(64, 64, 512, DEV, True).cuda  # and at 64, in blocks of 8 heads
-    assert tri.plan_for(8, 64, 512, DEV, False).wg64  # bf16 q at 64 heads: the 64-head kernel
-    assert tri.plan_for(1, 32, 512, DEV, False).wide  # below 8 blocks of 16 heads: wide
-    assert tri.plan_for(4, 32, 512, DEV, False).wg64  # from 8: the 64-head kernel
-    assert tri.plan_for(1, 64, 512, DEV, False).wide
-    assert not tri.plan_for(1, 128, 512, DEV, False).cuda
-    assert tri.plan_for(200, 16, 512, DEV, False).block_n == 32  # tiles of 32 from 128 tokens
-    assert tri.plan_for(1100, 8, 512, DEV, False).half  # prefill at up to 8 heads
-    for T, H in ((64, 8), (200, 16), (8, 64), (1100, 8), (40, 64), (16, 64), (50, 32), (3, 16),
-                 (1, 64)):  # fmt: skip
-        q, swa, sw, kv, tk, sink = make_case(T, H, 512, 128, 512, Layout.V41_FP4)
-        skv = SparseKV(swa, sw, kv, tk, Layout.V41_FP4)
-        out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=DEV)
-        sparse_attention(q, skv, attn_sink=sink, out=out)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            sparse_attention(q, skv, attn_sink=sink, out=out)
-        q.copy_(torch.randn_like(q))
-        g.replay()
-        assert torch.equal(out, sparse_attention(q, skv, attn_sink=sink))
-    # a cache that does not start on 16 bytes: the default plan keeps Triton for the call
-    raw = torch.empty(swa.numel() + 8, dtype=torch.uint8, device=DEV)
-    odd = raw[8:].view(swa.shape)
-    odd.copy_(swa)
-    from sglang_dsv41.kernels.sparse_attn import cuda_decode
-
-    with pytest.raises(ValueError, match="16-byte"):
-        cuda_decode.check_args(q, odd, sw, kv, tk, True)
-    _check(q, odd, sw, kv, tk, Layout.V41_FP4, sink)
-
-
-@pytest.mark.parametrize("build", [b for b in CUDA_BUILDS if not b["wg64"]])  # bf16 q only
-@pytest.mark.parametrize("layout", [Layout.V41_FP4, Layout.V41])
-@pytest.mark.parametrize("H", [1, 5, 8, 12, 64])
-@pytest.mark.parametrize("T", [1, 40, 300])
-@pytest.mark.parametrize("num_splits", [None, 1, 3])
-def test_cuda_kernel_exact_mode(layout, H, T, num_splits, build):
-    """fp32 q (the served layer's; at up to 8 heads, TP8, the plan's choice): the CUDA kernel
-    with q and P in three exact bf16 parts, in blocks of 8 heads, is the fp32 reference up to
-    the order of the sums."""
-    _cuda_or_skip()
-    assert H > 8 or tri.plan_for(T, H, 512, DEV, True).cuda
-    err = _exact_err(T, H, 512, layout, cuda=True, num_splits=num_splits, **build)
-    assert err < EXACT_BOUND
