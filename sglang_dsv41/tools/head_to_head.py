@@ -40,7 +40,14 @@ from sglang_dsv41.sglang.plugin import SWITCH_ENV
 
 SIDES = ("ours", "stock")
 INTREE_LOG = "in-tree DeepseekV4 skeleton with dsv41 attention"
-NO_TILELANG = {"SGLANG_OPT_USE_TILELANG_MHC_PRE": "0", "SGLANG_OPT_USE_TILELANG_MHC_POST": "0"}
+NO_TILELANG = {
+    "SGLANG_OPT_USE_TILELANG_MHC_PRE": "0",
+    "SGLANG_OPT_USE_TILELANG_MHC_POST": "0",
+    "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "0",
+}
+"""Profile environment: mHC off TileLang (SGLang then runs its torch / Triton mHC paths), and
+DeepGEMM's kernels built at first use instead of for every batch size at start (minutes per
+server on 16 cores); bench_serving's warm-up request of each point builds that point's."""
 
 
 @dataclass(frozen=True)
