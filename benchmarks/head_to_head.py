@@ -2,7 +2,7 @@
 GPU, both servers measured in one call.
 
     python benchmarks/head_to_head.py --model-path SLICE [--profile marlin] [--out DIR]
-        [--concurrency 1,16,64] [--input-len 1024,8192,32768] [--output-len 64] [--rounds 2]
+        [--concurrency 1,16,64] [--input-len 1024,8192,32768] [--output-len 64] [--rounds 1]
         [--budget-s 540] [--side ours=ours --side stock=stock]
     python benchmarks/head_to_head.py --render DIR/head_to_head.json [--out DIR]
 
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=serve_bench._ints, default=[1, 16, 64])
     ap.add_argument("--input-len", type=serve_bench._ints, default=[1024, 8192, 32768])
     ap.add_argument("--output-len", type=serve_bench._ints, default=[64])
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--min-prompts", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tokenizer", default=None)

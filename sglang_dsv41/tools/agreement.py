@@ -165,23 +165,25 @@ def run_servers(model_path: str, work: Path, settings, timeout: float) -> None:
     ps = prompts(DeepseekV41Config.from_hf(model_path).vocab_size)
     _dump(work / "prompts.json", ps)
     for side in ("stock", "ours"):
-        with Server(
-            side,
-            model_path,
-            work / f"{side}.log",
-            settings,
-            env_extra={"DSV41_OP_CENSUS": str(work / f"census_{side}")},
-        ) as srv:
-            print(f"{side}: ready in {srv.wait_ready(timeout):.0f} s", flush=True)
-            _dump(work / f"{side}_gen.json", generate(srv.url, ps))
-            if side == "ours":
-                stock = _load(work / "stock_gen.json")
-                _dump(work / "ours_on_stock.json", score(srv.url, ps, stock))
+        census = {"DSV41_OP_CENSUS": str(work / f"census_{side}")}
+        try:
+            with Server(side, model_path, work / f"{side}.log", settings, env_extra=census) as srv:
+                print(f"{side}: ready in {srv.wait_ready(timeout):.0f} s", flush=True)
+                _dump(work / f"{side}_gen.json", generate(srv.url, ps))
+                if side == "ours" and (work / "stock_gen.json").exists():
+                    stock = _load(work / "stock_gen.json")
+                    _dump(work / "ours_on_stock.json", score(srv.url, ps, stock))
+        except (RuntimeError, OSError) as e:  # one side failing still leaves the other's
+            print(f"{side}: FAILED: {str(e)[-3000:]}", flush=True)
+            continue
         print(f"{side}: done", flush=True)
 
 
 def judge_dir(work: Path) -> dict:
     out, lines = {}, []
+    if not (work / "ours_gen.json").exists():
+        print("VERDICT: FAIL: no continuations of ours (the ours server did not serve)")
+        return {}
     ours = _load(work / "ours_gen.json")
     if (work / "ours_on_stock.json").exists():
         stock = _load(work / "stock_gen.json")

@@ -17,7 +17,8 @@ machine that lacks one toolchain (the lent H200 has no TileLang) runs the same f
 `parse_log(text)` reads a server's log for the table: max_total_num_tokens, context length,
 running-request cap, memory after the weights and after the KV pool (GiB, SGLang's
 `avail mem`), so bytes per token of context = (after weights - after pool) / tokens, each
-side's own pool sizing line, and which model served.
+side's own pool sizing line (ours also states its pool's exact bytes), and which model
+served.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_dsv41.sglang.plugin import SWITCH_ENV
+from sglang_dsv41.tools.node_check import INTREE_LOG  # our CUDA model's start line
 
 SIDES = ("ours", "stock")
-INTREE_LOG = "in-tree DeepseekV4 skeleton with dsv41 attention"
+OURS_LOG = "sglang_dsv41: DeepseekV41ForCausalLM, roles"  # any model of ours
 NO_TILELANG = {
     "SGLANG_OPT_USE_TILELANG_MHC_PRE": "0",
     "SGLANG_OPT_USE_TILELANG_MHC_POST": "0",
@@ -218,6 +220,7 @@ _PATTERNS = {
     "avail_after_pool_gib": (r"Memory pool end\. avail mem=([\d.]+) GB", float),
     "ours_pool_budget_gib": (r"dsv41 pool sizing: ([\d.]+) GiB budget", float),
     "ours_global_bytes_per_token": (r"dsv41 pool sizing: .*? full slots x ([\d.]+) B", float),
+    "ours_pool_bytes": (r"dsv41 KV pool: .*?GiB allocated \((\d+) B\)", int),
     "stock_pool_full": (r"DSV4 pool sizes: full=(\d+)", int),
     "stock_pool_swa": (r"DSV4 pool sizes: full=\d+, swa=(\d+)", int),
 }
@@ -237,9 +240,9 @@ def parse_log(text: str) -> dict:
     out["kv_bytes_per_token"] = kv / tokens if kv and tokens else None
     limits = [v for v in (out["context_len"], tokens) if v]
     out["longest_context"] = min(limits) if limits else None
-    out["served_by"] = (
-        "ours" if INTREE_LOG in text else ("stock" if "plugin left out" in text else None)
-    )
+    ours = INTREE_LOG in text or OURS_LOG in text
+    out["served_by"] = "ours" if ours else ("stock" if "plugin left out" in text else None)
+    out["ours_cuda_model"] = INTREE_LOG in text
     out["cuda_graphs"] = "--disable-cuda-graph" not in text.splitlines()[0] if text else None
     return out
 

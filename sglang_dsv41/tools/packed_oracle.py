@@ -123,15 +123,20 @@ def load_packed_oracle(path: str, device, dtype=torch.float32):
 
 
 @torch.no_grad()
-def score_continuations(path: str, ps: list, conts: list, device: str = "cuda") -> list:
-    """Per prompt {"top1": [...], "deficit": [...]}: the oracle's teacher-forced view of conts."""
-    from sglang_dsv41.layers.attention import set_attention_dtype
-    from sglang_dsv41.reference.act_quant import quantize_fp8_linear_inputs
-    from sglang_dsv41.sglang import options
-
+def score_continuations(
+    path: str, ps: list, conts: list, device: str = "cuda", served_numerics: bool = True
+) -> list:
+    """Per prompt {"top1": [...], "deficit": [...]}: the oracle's teacher-forced view of conts.
+    served_numerics: the CUDA model's switches (module docstring); off for the pure-torch
+    model that serves on CPU (fp32 throughout)."""
     model = load_packed_oracle(path, torch.device(device))
-    quantize_fp8_linear_inputs(model)
-    set_attention_dtype(model, options.attn_dtype(options.INTREE_ATTN_DEFAULT))
+    if served_numerics:
+        from sglang_dsv41.layers.attention import set_attention_dtype
+        from sglang_dsv41.reference.act_quant import quantize_fp8_linear_inputs
+        from sglang_dsv41.sglang import options
+
+        quantize_fp8_linear_inputs(model)
+        set_attention_dtype(model, options.attn_dtype(options.INTREE_ATTN_DEFAULT))
     rows = []
     for p, c in zip(ps, conts, strict=True):
         ids = torch.tensor(p + c, dtype=torch.int64, device=device)

@@ -55,9 +55,10 @@ def test_stock_log():
 
 def test_ours_log():
     got = parse_log((DATA / "ours.log").read_text())
-    assert got["served_by"] is None or got["served_by"] == "ours"
+    assert got["served_by"] == "ours" and got["ours_cuda_model"] is False  # the CPU model
     assert got["cuda_graphs"] is False
-    assert got["max_total_num_tokens"] > 0 and got["ours_global_bytes_per_token"] > 0
+    assert got["max_total_num_tokens"] == 262144 and got["ours_global_bytes_per_token"] == 106.0
+    assert got["ours_pool_bytes"] == 28374924 and got["stock_pool_full"] is None
     assert got["longest_context"] == min(got["context_len"], got["max_total_num_tokens"])
 
 
