@@ -72,7 +72,7 @@ def score(url: str, ps: list, conts: list) -> list:
             "input_ids": p + c,
             "sampling_params": {"temperature": 0, "max_new_tokens": 1},
             "return_logprob": True,
-            "logprob_start_len": len(p),
+            "logprob_start_len": len(p) - 1,  # its own entry is empty: SGLang predicts none
             "top_logprobs_num": 1,
         }
         meta = post_json(url + "/generate", body)["meta_info"]
