@@ -13,7 +13,8 @@
 #            op census and stub calls of both (tools.agreement run)
 #   oracle   the oracle (experts packed, served numerics) scores ours'; the verdicts
 #   bench    benchmarks/head_to_head.py: the table, both servers in this one call
-# Environment: PROFILE (marlin; tools/head_to_head.py PROFILES), SLICE (/tmp/flash_slice),
+# Environment: PROFILE (marlin; tools/head_to_head.py PROFILES), MOE_BACKEND (the ops test's
+#   runner: marlin, or flashinfer_mxfp4 with the flashinfer profile), SLICE (/tmp/flash_slice),
 #   WORK (/tmp/h2h), OUT (what comes back: summary.txt, agreement.json, head_to_head.json /
 #   .md / .png, ops.txt, logs.tar.xz).
 set -u
@@ -39,9 +40,16 @@ step_setup() { bash "$HERE/setup_device.sh" 2>&1 | tee -a "$OUT/summary.txt"; }
 step_ops() {
   env_ok || return
   cd /tmp
-  DSV41_OP_CENSUS=$WORK/census_ops timeout 300 "$PY" -m pytest -q -p no:cacheprovider -rs \
-    "$ROOT/tests/gpu/test_sglang_ops_h200.py" 2>&1 | tee "$OUT/ops.txt" | tail -n 25 |
-    tee -a "$OUT/summary.txt"
+  # the profile's environment (as both servers get it) and its MoE runner
+  eval "$("$PY" -c "import shlex; from sglang_dsv41.tools.head_to_head import PROFILES
+print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].env.items()))")"
+  local moe=marlin
+  [ "$PROFILE" = flashinfer ] && moe=flashinfer_mxfp4
+  DSV41_OP_CENSUS=$WORK/census_ops DSV41_MOE_BACKEND=${MOE_BACKEND:-$moe} timeout 420 \
+    "$PY" -m pytest -q -p no:cacheprovider -rs "$ROOT/tests/gpu/test_sglang_ops_h200.py" 2>&1 |
+    tee "$OUT/ops.txt" | tail -n 25 | tee -a "$OUT/summary.txt"
+  say "census of the ops test:"
+  "$PY" "$HERE/preload/op_census.py" "$WORK/census_ops" | head -n 40 | tee -a "$OUT/summary.txt"
 }
 
 step_slice() {
