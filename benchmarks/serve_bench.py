@@ -115,6 +115,31 @@ def bench_command(args, conc: int, inp: int, outp: int, result: Path, data: Path
     return cmd
 
 
+def run_point(args, conc: int, inp: int, outp: int, log: Path, data=None, timeout=None):
+    """One bench_serving run (its output appended to `log`): the point's dict (KEYS), or None
+    when it failed or ran past `timeout` seconds (default args.timeout)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "r.jsonl"
+        cmd = bench_command(args, conc, inp, outp, result, data)
+        with open(log, "a") as f:
+            f.write("$ " + " ".join(cmd) + "\n")
+            f.flush()
+            try:
+                rc = subprocess.run(
+                    cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout or args.timeout
+                ).returncode
+            except subprocess.TimeoutExpired:
+                f.write(f"timed out after {timeout or args.timeout:.0f} s\n")
+                return None
+        lines = result.read_text().splitlines() if result.exists() else []
+    if rc != 0 or not lines:
+        return None
+    raw = json.loads(lines[-1])
+    point = {"input_len": inp, "output_len": outp, "max_concurrency": conc}
+    point.update({k: raw.get(k) for k in KEYS})
+    return point
+
+
 def run_sweep(args) -> dict:
     from tqdm import tqdm
 
@@ -130,19 +155,9 @@ def run_sweep(args) -> dict:
     bar = tqdm(grid, desc="serve_bench", unit="point", file=sys.stderr)
     for inp, outp, conc in bar:
         bar.set_postfix_str(f"in {inp} out {outp} conc {conc}")
-        with tempfile.TemporaryDirectory() as tmp:
-            result = Path(tmp) / "r.jsonl"
-            cmd = bench_command(args, conc, inp, outp, result, data)
-            with open(log, "a") as f:
-                f.write("$ " + " ".join(cmd) + "\n")
-                f.flush()
-                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout)
-            lines = result.read_text().splitlines() if result.exists() else []
-        if rc.returncode != 0 or not lines:
+        point = run_point(args, conc, inp, outp, log, data)
+        if point is None:
             raise SystemExit(f"bench_serving failed at in {inp} out {outp} conc {conc}: see {log}")
-        raw = json.loads(lines[-1])
-        point = {"input_len": inp, "output_len": outp, "max_concurrency": conc}
-        point.update({k: raw.get(k) for k in KEYS})
         points.append(point)
     return {
         "label": args.label,

@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Prepare, on this CPU machine, what run_on_device.sh needs on the lent GPU machine (which has
-# torch 2.11 + Triton 3.6 but no SGLang and no network). Run from the repository root:
-#   bash scripts/gpu_e2e/prepare.sh            (~5-8 min the first time, mostly xz)
+# Prepare, on this CPU machine, what run_on_device.sh (and head_to_head.sh) need on the lent GPU
+# machine (which has torch 2.11 + Triton 3.6 but no SGLang and no network). Run from the
+# repository root:
+#   bash scripts/gpu_e2e/prepare.sh [--kernels] [--flashinfer]   (~5-8 min the first time, xz)
 # Writes .gpu_e2e/ (git-ignored):
 #   whl/                         sglang 0.5.23 and the wheels in wheels.txt (cp312, x86_64),
 #                                and this checkout's own wheel
 #   carry/site-sglang.tar.xz     sglang installed with pip --target, xz-packed (zipped wheels
 #   carry/site-deps.tar.xz       are over the 64 MiB a device call carries; xz makes ~42 MB)
 #   carry/reference.json         prompts and the CPU oracle's answers (reference.py)
+# With --kernels (SGLang's compiled kernels, wheels-kernels.txt; head_to_head.sh):
+#   carry-kernels/site-kernels.tar.xz   sglang-kernel with only its Hopper op library
+#                                (sm90/common_ops.abi3.so; the 1.1 GB FlashAttention-3 library,
+#                                the SM100 build and the legacy FlashMLA ops are left out),
+#                                sgl-deep-gemm (its JIT headers included), sgl-flash-mla
+# With --flashinfer (wheels-flashinfer.txt: SGLang's default SM90 FP4 MoE runner and mHC
+# pre-GEMM; compiled at first use by its JIT):
+#   carry-flashinfer/site-flashinfer.tar.xz
 # Then, with the device tool: run(command="bash scripts/gpu_e2e/run_on_device.sh",
-#   carry=[".gpu_e2e/carry"], timeout_s=600).
+#   carry=[".gpu_e2e/carry"], timeout_s=600); head_to_head.sh says what it carries.
 set -euo pipefail
 ROOT=$(git rev-parse --show-toplevel)
 cd "$ROOT"
@@ -17,6 +26,14 @@ HERE=scripts/gpu_e2e
 PY=${PY:-$ROOT/.venv/bin/python}
 W=.gpu_e2e/whl
 C=.gpu_e2e/carry
+KERNELS=0 FLASHINFER=0
+for a in "$@"; do
+  case $a in
+    --kernels) KERNELS=1 ;;
+    --flashinfer) FLASHINFER=1 ;;
+    *) echo "unknown argument $a" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$W" "$C"
 rm -f "$W"/*.whl
 PLAT=()
@@ -25,20 +42,28 @@ for p in manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 manyl
          manylinux_2_5_x86_64 manylinux1_x86_64; do
   PLAT+=(--platform "$p")
 done
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --implementation cp "${PLAT[@]}" -d "$W" sglang==0.5.23 -r "$HERE/wheels.txt"
+download() {  # DIR pip-requirement-args...
+  local dir=$1; shift
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${PLAT[@]}" --platform any -d "$dir" "$@"
+}
+download "$W" sglang==0.5.23 -r "$HERE/wheels.txt"
 # this checkout (tracked and untracked files) as a wheel: its entry point loads the plugin
 SRC=$(mktemp -d)
 trap 'rm -rf "$SRC"' EXIT
 git ls-files -z -co --exclude-standard | tar -c --null -T - -f - | tar -x -C "$SRC"
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$W" "$SRC"
 
-pack() {  # ARCHIVE WHEEL...
+PRUNE=()
+pack() {  # ARCHIVE WHEEL...  (paths in PRUNE, relative to the site, are left out)
   local out=$1; shift
   rm -rf "$SRC/site"
   python3 -m pip install -q --no-deps --no-compile --no-index --only-binary=:all: \
     --python-version 3.12 --implementation cp "${PLAT[@]}" --target "$SRC/site" "$@"
   rm -rf "$SRC/site/bin"
+  for p in "${PRUNE[@]}"; do
+    rm -rf "$SRC"/site/$p
+  done
   tar -C "$SRC/site" -cf - --sort=name --mtime=@0 --owner=0 --group=0 . | xz -T0 -6 > "$out"
 }
 SGL=$(ls "$W"/sglang-0.5.23-*.whl)
@@ -50,6 +75,26 @@ then
 fi
 pack "$C/site-deps.tar.xz" $(ls "$W"/*.whl | grep -v "/sglang-0.5.23-")
 
+if [ "$KERNELS" = 1 ]; then
+  K=.gpu_e2e/whl-kernels
+  mkdir -p "$K" .gpu_e2e/carry-kernels
+  rm -f "$K"/*.whl
+  download "$K" -r "$HERE/wheels-kernels.txt"
+  # sglang-kernel's wheel is 373 MB: keep its Python files and the Hopper op library only
+  PRUNE=(sgl_kernel/flash_ops.abi3.so sgl_kernel/flashmla_ops.abi3.so sgl_kernel/sm100
+         'sgl_kernel/infllm_ops.*.so')
+  pack .gpu_e2e/carry-kernels/site-kernels.tar.xz "$K"/*.whl
+fi
+if [ "$FLASHINFER" = 1 ]; then
+  F=.gpu_e2e/whl-flashinfer
+  mkdir -p "$F" .gpu_e2e/carry-flashinfer
+  rm -f "$F"/*.whl
+  download "$F" -r "$HERE/wheels-flashinfer.txt"
+  PRUNE=(flashinfer/experimental flashinfer/data/csrc/kda flashinfer/data/csrc/gdn
+         'flashinfer/data/csrc/cake_*')
+  pack .gpu_e2e/carry-flashinfer/site-flashinfer.tar.xz "$F"/*.whl
+fi
+
 "$PY" -m sglang_dsv41.tools.make_checkpoint --preset tiny --force --out "$SRC/tiny" >/dev/null
 # the oracle's answers are recomputed only when the checkpoint or the script that makes them
 # changed (the reference model itself is covered by the CPU tests)
@@ -58,4 +103,4 @@ if [ "$(cat "$C/reference.stamp" 2>/dev/null)" != "$rstamp" ] || [ ! -s "$C/refe
   "$PY" "$HERE/reference.py" "$SRC/tiny" "$C/reference.json"
   echo "$rstamp" > "$C/reference.stamp"
 fi
-du -sh "$C"/*
+du -sh "$C"/* .gpu_e2e/carry-*/* 2>/dev/null

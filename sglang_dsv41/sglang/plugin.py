@@ -12,15 +12,29 @@ server arguments. It wires this package into SGLang through extension points onl
   - HookRegistry hooks for the KV pool and the scheduler (see hooks.py);
   - request checks on every route that reaches the model (see guard_hooks.py);
   - the CPU scheduler's torch threads (see cpu_threads.py).
+
+`SGLANG_DSV41_PLUGIN=off` (or 0 / false / no) in the environment of one launch leaves all of it
+out: `register()` returns at once in every process of that launch, so the server is stock
+SGLang's own (its in-tree `deepseek_v41` for a released V4.1 checkpoint) with the package still
+installed. SGLang's `SGLANG_PLUGINS` allow-list does the same for every plugin at once.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 logger = logging.getLogger(__name__)
 
 _done = False
+SWITCH_ENV = "SGLANG_DSV41_PLUGIN"
+OFF_VALUES = ("off", "0", "false", "no")
+
+
+def plugin_enabled(environ=None) -> bool:
+    """False when SWITCH_ENV says off (case-insensitive); anything else, or unset, is on."""
+    environ = os.environ if environ is None else environ
+    return environ.get(SWITCH_ENV, "on").strip().lower() not in OFF_VALUES
 
 
 def register() -> None:
@@ -28,6 +42,9 @@ def register() -> None:
     if _done:
         return
     _done = True
+    if not plugin_enabled():
+        logger.warning("sglang_dsv41: %s=%s, plugin left out", SWITCH_ENV, os.environ[SWITCH_ENV])
+        return
     _register_config()
     _register_model()
     _register_backend()

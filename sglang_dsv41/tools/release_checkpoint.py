@@ -67,30 +67,49 @@ def _gen(seed: int, name: str) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
-def dense_init(name: str, shape: tuple, cfg: DeepseekV41Config, seed: int) -> torch.Tensor:
-    """fp32 random value of one dense tensor. Matrices N(0, 1/fan_in), norm gains 1 + N(0, .05),
-    embeddings N(0, 1), sinks N(0, .1), router biases N(0, .01); mHC fn N(0, 1/fan_in), base
-    N(0, .5), scale 1 + N(0, .1); engram q/k weights 1 + N(0, .05)."""
-    x = torch.randn(shape, generator=_gen(seed, name))
-    if name.endswith(("hc_attn_fn", "hc_ffn_fn")):
-        return x * shape[1] ** -0.5
+def init_affine(name: str, shape: tuple) -> tuple[float, float]:
+    """(mean, std) of one dense tensor's random init, applied to a standard normal draw.
+    Matrices N(0, 1/fan_in), norm gains 1 + N(0, .05), embeddings N(0, 1), sinks N(0, .1),
+    router biases N(0, .01); mHC fn N(0, 1/fan_in), base N(0, .5), scale 1 + N(0, .1); engram
+    q/k weights 1 + N(0, .05)."""
     if name.endswith(("hc_attn_base", "hc_ffn_base")):
-        return x * 0.5
+        return 0.0, 0.5
     if name.endswith(("hc_attn_scale", "hc_ffn_scale")):
-        return 1.0 + 0.1 * x
+        return 1.0, 0.1
     if name.endswith(("engram.q_weight", "engram.k_weight")):
-        return 1.0 + 0.05 * x
+        return 1.0, 0.05
     if name.endswith(("engram.embed.weight", "embed.weight")):
-        return x
+        return 0.0, 1.0
     if name.endswith(("gate.bias_vl", "gate.bias")):
-        return 0.01 * x
+        return 0.0, 0.01
     if name.endswith("norm.weight"):
-        return 1.0 + 0.05 * x
+        return 1.0, 0.05
     if name.endswith("attn_sink"):
-        return 0.1 * x
+        return 0.0, 0.1
     if len(shape) != 2:
         raise ValueError(f"no init rule for {name} {tuple(shape)}")
-    return x * shape[1] ** -0.5
+    return 0.0, shape[1] ** -0.5
+
+
+def apply_affine(x: torch.Tensor, mean: float, std: float) -> torch.Tensor:
+    """x * std (+ mean): one rounding per operation, the same bits on every device."""
+    return x * std if mean == 0.0 else mean + std * x
+
+
+def dense_init(name: str, shape: tuple, cfg: DeepseekV41Config, seed: int) -> torch.Tensor:
+    """fp32 random value of one dense tensor: a seeded CPU normal draw under `init_affine`."""
+    mean, std = init_affine(name, shape)
+    return apply_affine(torch.randn(shape, generator=_gen(seed, name)), mean, std)
+
+
+def quantize_release(name: str, w: torch.Tensor) -> dict:
+    """One dense fp32 tensor -> its stored tensors ({name[, scale name]: tensor}) by its kind,
+    on w's device."""
+    kind = release_kind(name)
+    if kind in (FP8, FP4, FP8_ROWS):
+        q, s = {FP8: quant_fp8_block, FP4: quant_fp4_packed, FP8_ROWS: quant_fp8_rows}[kind](w)
+        return {name: q, scale_name(name): s}
+    return {name: w.to(torch.float32 if kind == FP32 else torch.bfloat16)}
 
 
 def release_tensors(cfg: DeepseekV41Config, seed: int = 0, progress: bool = False) -> dict:
@@ -101,16 +120,10 @@ def release_tensors(cfg: DeepseekV41Config, seed: int = 0, progress: bool = Fals
     for i, name in enumerate(names):
         if progress:
             progress_line(i + 1, len(names), "weights")
-        kind = release_kind(name)
         shape = manifest[name][0]
-        if kind == FP4:
+        if release_kind(name) == FP4:
             shape = (shape[0], shape[1] * 2)
-        w = dense_init(name, shape, cfg, seed)
-        if kind in (FP8, FP4, FP8_ROWS):
-            q, s = {FP8: quant_fp8_block, FP4: quant_fp4_packed, FP8_ROWS: quant_fp8_rows}[kind](w)
-            out[name], out[scale_name(name)] = q, s
-        else:
-            out[name] = w.to(torch.float32 if kind == FP32 else torch.bfloat16)
+        out.update(quantize_release(name, dense_init(name, shape, cfg, seed)))
     return out
 
 
@@ -136,8 +149,6 @@ def write_flash_mini(
     """Write the flash-mini checkpoint (see module docstring); returns the directory.
     widths: text_config fields to override (e.g. hidden_size), None for flash-mini's own;
     progress: report on stderr."""
-    from safetensors.torch import save_file
-
     from sglang_dsv41.layers.engram import compressed_token_map
     from sglang_dsv41.tools.tokenizer import save_tokenizer
 
@@ -152,19 +163,24 @@ def write_flash_mini(
     cfg = DeepseekV41Config.from_dict(config)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     shards = (release_tensors(cfg, seed, progress), placeholder_skipped(cfg, seed))
-    weight_map = {}
-    for i, (fname, tensors) in enumerate(zip(SHARDS, shards, strict=False)):
+    return write_shards(out, zip(SHARDS, shards, strict=True), len(SHARDS), progress)
+
+
+def write_shards(out: Path, shards, count: int, progress: bool = False) -> Path:
+    """The released file format: each (file name, {name: tensor}) of `shards` (an iterable,
+    consumed one shard at a time, so a writer can stream a checkpoint larger than memory) as a
+    safetensors file, then `model.safetensors.index.json` (weight map, total size)."""
+    from safetensors.torch import save_file
+
+    weight_map, total = {}, 0
+    for i, (fname, tensors) in enumerate(shards):
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
-        if progress:
-            progress_line(i + 1, len(SHARDS), "shards written")
         (out / fname).chmod(0o644)  # safetensors creates 0600; servers in containers read it
         weight_map.update({n: fname for n in tensors})
-    index = {
-        "metadata": {
-            "total_size": sum(t.numel() * t.element_size() for s in shards for t in s.values())
-        },
-        "weight_map": dict(sorted(weight_map.items())),
-    }
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        if progress:
+            progress_line(i + 1, count, "shards written")
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return out
 

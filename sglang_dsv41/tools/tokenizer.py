@@ -194,10 +194,40 @@ def tokenizer_config(model_max_length: int) -> dict:
     }
 
 
-def save_tokenizer(out_dir, vocab_size: int, model_max_length: int) -> None:
-    """Train and write tokenizer.json, tokenizer_config.json, special_tokens_map.json."""
+PAD_TOKEN = "<unused_{}>"
+"""Vocabulary entries past the trained ones (`pad_vocab`): ASCII, so each decodes to itself."""
+
+
+def pad_vocab(tok, vocab_size: int):
+    """`tok` with entries PAD_TOKEN.format(id) appended to its BPE vocabulary up to exactly
+    vocab_size. No merge produces them, so encoding never emits them; every id decodes to a
+    distinct text (a released model's vocabulary, 129,280 entries, over a corpus too small to
+    train that many merges)."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    start = tok.get_vocab_size(with_added_tokens=True)
+    for i in range(start, vocab_size):
+        name = PAD_TOKEN.format(i)
+        if name in vocab:
+            raise ValueError(f"pad token {name!r} is already in the trained vocabulary")
+        vocab[name] = i
+    out = Tokenizer.from_str(json.dumps(spec))
+    if out.get_vocab_size(with_added_tokens=True) != vocab_size:
+        raise ValueError(f"padded tokenizer has {out.get_vocab_size()} entries, not {vocab_size}")
+    return out
+
+
+def save_tokenizer(
+    out_dir, vocab_size: int, model_max_length: int, trained_size: int | None = None
+) -> None:
+    """Train and write tokenizer.json, tokenizer_config.json, special_tokens_map.json.
+    trained_size: train that many entries and pad the rest (`pad_vocab`); None trains all."""
     out = Path(out_dir)
-    tok = train_tokenizer(vocab_size)
+    tok = train_tokenizer(trained_size or vocab_size)
+    if trained_size:
+        tok = pad_vocab(tok, vocab_size)
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n", encoding="utf-8")
     _write_json(out / "tokenizer_config.json", tokenizer_config(model_max_length))
     _write_json(

@@ -82,7 +82,7 @@ def quant_fp8_block(w: Tensor) -> tuple[Tensor, Tensor]:
     w = w.float()
     N, K = w.shape
     nb, kb = fp8_block_scale_shape((N, K))
-    padded = torch.zeros(nb * BLOCK, kb * BLOCK)
+    padded = torch.zeros(nb * BLOCK, kb * BLOCK, device=w.device)
     padded[:N, :K] = w
     amax = padded.view(nb, BLOCK, kb, BLOCK).abs().amax(dim=(1, 3))  # [nb, kb]
     scale, byte = ue8m0_scale(amax, E4M3_MAX)

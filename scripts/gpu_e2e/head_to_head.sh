@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# This package against stock SGLang's own V4.1, both serving flash-slice on the lent H200
+# (docs/h200_head_to_head.md). Prepare here first:
+#   bash scripts/gpu_e2e/prepare.sh --kernels [--flashinfer]
+# then, through the device tool, from the repository root, STEPs in order (one call can take
+# several; state under /tmp stays while the machine is warm):
+#   bash scripts/gpu_e2e/head_to_head.sh STEP...
+# STEP:
+#   setup    unpack the carried archives, build the torch-2.11 shim, check the libraries load
+#   ops      tests/gpu/test_sglang_ops_h200.py: SGLang's ops on the V4.1 path against torch
+#   slice    write flash-slice (tools.flash_slice) to $SLICE unless it is there already
+#   correct  stock, then ours: greedy continuations, ours' teacher-forced view of stock's,
+#            op census and stub calls of both (tools.agreement run)
+#   oracle   the oracle (experts packed, served numerics) scores ours'; the verdicts
+#   bench    benchmarks/head_to_head.py: the table, both servers in this one call
+# Environment: PROFILE (marlin; tools/head_to_head.py PROFILES), MOE_BACKEND (the ops test's
+#   runner: marlin, or flashinfer_mxfp4 with the flashinfer profile), SLICE (/tmp/flash_slice),
+#   WORK (/tmp/h2h), OUT (what comes back: summary.txt, agreement.json, head_to_head.json /
+#   .md / .png, ops.txt, logs.tar.xz).
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+HERE=$ROOT/scripts/gpu_e2e
+OUT=${OUT:-/tmp/h2h_out}
+WORK=${WORK:-/tmp/h2h}
+SLICE=${SLICE:-/tmp/flash_slice}
+SITE=${SITE:-/tmp/gpu_e2e_site}
+PROFILE=${PROFILE:-marlin}
+PY=${PY:-python3}
+mkdir -p "$OUT" "$WORK"
+T0=$(date +%s)
+say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
+env_ok() { [ -s "$SITE/env.sh" ] || { say "run the setup step first"; return 1; }; . "$SITE/env.sh"; }
+pack_logs() {
+  (cd "$WORK" && find . -maxdepth 2 \( -name '*.log' -o -name '*.txt' \) -print0 |
+    tar --null -T - -cJf "$OUT/logs.tar.xz") 2>/dev/null
+}
+
+step_setup() { bash "$HERE/setup_device.sh" 2>&1 | tee -a "$OUT/summary.txt"; }
+
+step_ops() {
+  env_ok || return
+  cd /tmp
+  # the profile's environment (as both servers get it) and its MoE runner
+  eval "$("$PY" -c "import shlex; from sglang_dsv41.tools.head_to_head import PROFILES
+print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].env.items()))")"
+  local moe=marlin
+  [ "$PROFILE" = flashinfer ] && moe=flashinfer_mxfp4
+  DSV41_OP_CENSUS=$WORK/census_ops DSV41_MOE_BACKEND=${MOE_BACKEND:-$moe} timeout 420 \
+    "$PY" -m pytest -q -p no:cacheprovider -rs "$ROOT/tests/gpu/test_sglang_ops_h200.py" 2>&1 |
+    tee "$OUT/ops.txt" | tail -n 25 | tee -a "$OUT/summary.txt"
+  say "census of the ops test:"
+  "$PY" "$HERE/preload/op_census.py" "$WORK/census_ops" | head -n 40 | tee -a "$OUT/summary.txt"
+}
+
+step_slice() {
+  env_ok || return
+  cd /tmp
+  if [ -s "$SLICE/model.safetensors.index.json" ]; then
+    say "slice: $SLICE already written"
+  else
+    say "slice: writing to $SLICE"
+    "$PY" -m sglang_dsv41.tools.flash_slice --out "$SLICE" --force 2>&1 | tail -n 12 |
+      tee -a "$OUT/summary.txt"
+  fi
+  df -h "$SLICE" | tail -n 1 | sed 's/^/  disk: /' | tee -a "$OUT/summary.txt"
+}
+
+census() {  # SIDE: the op census and the stub count of that side's server
+  local d=$WORK/agreement/census_$1
+  [ -d "$d" ] || return
+  say "census $1 (calls into SGLang's kernel libraries):"
+  "$PY" "$HERE/preload/op_census.py" "$d" | head -n 40 | tee -a "$OUT/summary.txt"
+  say "stub calls $1: $(grep -rc ' CALL ' "${STUB_CALL_LOG:-/dev/null}" 2>/dev/null || echo 0)"
+}
+
+step_correct() {
+  env_ok || return
+  cd /tmp
+  export STUB_CALL_LOG=$WORK/stub_calls.txt
+  : > "$STUB_CALL_LOG"
+  timeout 560 "$PY" -m sglang_dsv41.tools.agreement run --model-path "$SLICE" \
+    --work "$WORK/agreement" --profile "$PROFILE" 2>&1 | tail -n 20 | tee -a "$OUT/summary.txt"
+  census stock
+  census ours
+  grep -hE "Traceback|Error|in-tree DeepseekV4|plugin left out|max_total_num_tokens=" \
+    "$WORK"/agreement/*.log | cut -c1-250 | head -n 20 | tee -a "$OUT/summary.txt"
+  cp "$WORK"/agreement/*.json "$OUT/" 2>/dev/null
+}
+
+step_oracle() {
+  env_ok || return
+  cd /tmp
+  timeout 560 "$PY" -m sglang_dsv41.tools.agreement oracle --model-path "$SLICE" \
+    --work "$WORK/agreement" 2>&1 | tail -n 5 | tee -a "$OUT/summary.txt"
+  "$PY" -m sglang_dsv41.tools.agreement judge --work "$WORK/agreement" 2>&1 |
+    tee -a "$OUT/summary.txt"
+  cp "$WORK/agreement/agreement.json" "$OUT/" 2>/dev/null
+}
+
+step_bench() {
+  env_ok || return
+  cd /tmp
+  timeout 580 "$PY" "$ROOT/benchmarks/head_to_head.py" --model-path "$SLICE" \
+    --profile "$PROFILE" --work "$WORK/bench" --out "$OUT" --budget-s 540 2>&1 | tail -n 30 |
+    tee -a "$OUT/summary.txt"
+}
+
+[ $# -gt 0 ] || set -- setup ops slice
+for s in "$@"; do
+  case $s in
+    setup|ops|slice|correct|oracle|bench) say "step $s (profile $PROFILE)"; "step_$s" ;;
+    *) say "unknown step $s" ;;
+  esac
+done
+pack_logs
+say "done"
