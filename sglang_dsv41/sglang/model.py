@@ -71,6 +71,12 @@ class DeepseekV41ForCausalLM(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):
+        if forward_batch.forward_mode.is_target_verify() and self.cfg.engram_layer_ids:
+            raise NotImplementedError(
+                "DeepseekV41ForCausalLM (pure torch): a target verify of an Engram model; this "
+                "model's Engram tails would move past rejected rows (the CUDA model keeps "
+                "SGLang's Engram history, which its speculative worker commits)"
+            )
         pool = get_attn_backend().token_to_kv_pool
         h = run_layers(self, input_ids, forward_batch.dsv41_context, pool)
         return self.logits_processor(input_ids, h, self.head, forward_batch)
