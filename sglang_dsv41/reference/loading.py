@@ -1,10 +1,13 @@
 """Strict checkpoint loading for the dense format: every expected tensor present, nothing extra,
-shapes equal; errors name the tensor."""
+shapes equal; errors name the tensor. Tensors outside the text model (the DSpark head's `mtp.*`,
+vision) are skipped, as in the released format."""
 
 import glob
 import os
 
 import torch
+
+from sglang_dsv41.weights.release_manifest import is_skipped
 
 
 class CheckpointError(ValueError):
@@ -26,7 +29,7 @@ def read_safetensors(path: str) -> dict:
 def load_state(path: str, expected: dict, dtype) -> dict:
     """expected: name -> tensor (meta ok) from the model; returns name -> tensor in `dtype`
     (fp32 kept for fp32 parameters such as attn_sink and the router bias)."""
-    got = read_safetensors(path)
+    got = {k: v for k, v in read_safetensors(path).items() if not is_skipped(k)}
     missing = sorted(set(expected) - set(got))
     unexpected = sorted(set(got) - set(expected))
     if missing:

@@ -2,16 +2,25 @@
 
     swa[layer]     uint8 [S_swa + P, 528]  V41 SWA records by SWA slot (layers in the SWA pool;
                                            None for ring layers)
-    ring[layer]    uint8 [R + 1, W, 528]   decoder layers with replay on: a request's last W SWA
-                                           records, position p at p % W
+    ring[layer]    uint8 [R + 1, Wr, 528]  decoder layers with replay on: a request's last Wr SWA
+                                           records, position p at p % Wr
     main[src]      uint8 [(S + P) / r, 288 | 528]  kv sources only (V41_FP4, or V41 on request)
     index_k[src]   uint8 [(S + P) / r, 68]         kv sources only
-    pending[src]   fp32 [R + 1, 2, D]      ratio-2 sources: (c, z) of a request's unpaired token
-                                           (`dtype`: float64 for the twin check)
+    pending[src]   fp32 [R + 1, K, 2, D]   ratio-2 sources: (c, z) of a request's even-position
+                                           tokens, entry e at e % K (`dtype`: float64 for the
+                                           twin check)
     floor          int64 [R + 1]           decoder replay floor of the request in each slot
     engram_tail    int64 [R + 1, n - 1]    Engram: the n - 1 token ids before the request's next
                                            position (Engram models only)
-S = full (token) slots, S_swa = SWA slots, P = page size, R = request slots (row 0 = padding).
+S = full (token) slots, S_swa = SWA slots, P = page size, R = request slots (row 0 = padding),
+Wr = W + verify_width - 1 and K = verify_width // 2 + 1 (PoolGeometry; W and 1 without
+speculative decoding).
+
+Rolled-back rows (speculative decoding): a target verify writes gamma + 1 rows per request and
+keeps only the accepted ones; SGLang keeps their slots reserved and the next forward restarts at
+the committed length. Records at slots are rewritten there before any row reads them, and the
+per-request state is position-addressed with slack (Wr, K) so that a rejected row only writes
+ring records and pairs that no later row reads before rewriting them: nothing needs undoing.
 A ratio-r entry j of a request is stored at row full_slot(j r) // r: with an even page size the
 two tokens of a ratio-2 entry share a page, so that row is the page's.
 
@@ -49,8 +58,9 @@ class RecordBuffers:
         max_requests: int,
         device="cpu",
         dtype: torch.dtype = torch.float32,
+        verify_width: int = 1,
     ):
-        g = PoolGeometry(cfg, replay)
+        g = PoolGeometry(cfg, replay, verify_width)
         if page_size % 2 and any(cfg.ratio(s) == 2 for s in g.kv_sources):
             raise ValueError(
                 f"dsv41 pool: page_size {page_size} must be even (ratio-2 entries pair the two "
@@ -65,16 +75,15 @@ class RecordBuffers:
             torch.zeros(swa_slots + page_size, g.swa_record, **z) if i in swa_layers else None
             for i in range(cfg.num_hidden_layers)
         ]
-        self.ring = {
-            i: torch.zeros(R, cfg.sliding_window, g.swa_record, **z) for i in g.ring_layers
-        }
+        self.ring = {i: torch.zeros(R, g.ring_width, g.swa_record, **z) for i in g.ring_layers}
         self.main, self.index_k, self.pending = {}, {}, {}
         for s in g.kv_sources:
             n = g.entries(full_slots + page_size, s)
             self.main[s] = torch.zeros(n, g.main_record, **z)
             self.index_k[s] = torch.zeros(n, g.index_record, **z)
             if cfg.ratio(s) == 2:
-                self.pending[s] = torch.zeros(R, 2, cfg.head_dim, dtype=dtype, device=device)
+                shape = (R, g.pending_slots, 2, cfg.head_dim)
+                self.pending[s] = torch.zeros(shape, dtype=dtype, device=device)
         self.floor = torch.zeros(R, dtype=torch.int64, device=device)
         self.engram_tail = torch.full(
             (R, g.engram_tail_len()), -1, dtype=torch.int64, device=device

@@ -178,3 +178,24 @@ def decode_context(
     B = seq_lens.numel()
     rows = rows_from_lens(seq_lens - 1, torch.ones_like(seq_lens), B)
     return BatchContext(rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc)
+
+
+def verify_context(
+    req_pool: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    width: int,
+    out_loc: torch.Tensor,
+    req_to_token: torch.Tensor,
+    floors: torch.Tensor,
+    table_len: int,
+) -> BatchContext:
+    """The context of a target-verify batch (speculative decoding): `width` rows per request at
+    positions [prefix_b, prefix_b + width), causal within the block, from device tensors alone
+    (no host sync, static shapes: CUDA-graph capturable like decode_context). req_pool,
+    prefix_lens (committed lengths before this forward) int64 [B]; out_loc int64 [B width];
+    floors int64 [B]. Some of the rows will be rejected: buffers.py says why the pool needs no
+    undo."""
+    B = prefix_lens.numel()
+    rows = rows_from_lens(prefix_lens, torch.full_like(prefix_lens, width), B * width)
+    seq_lens = prefix_lens + width
+    return BatchContext(rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc)

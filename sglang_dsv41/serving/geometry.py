@@ -33,8 +33,30 @@ MAPPING_BYTES = 8  # SGLang's full -> SWA mapping: int64 per full slot
 
 @dataclass(frozen=True)
 class PoolGeometry:
+    """verify_width: the most rows per request a forward may hold before some are rolled back
+    (speculative decoding's target verify: gamma + 1; 1 without speculation). Per-request state
+    is position-addressed with that much slack, so rows a verify rejects are never read: the
+    rings hold `ring_width` records, the ratio-2 pairs `pending_slots` (buffers.py)."""
+
     cfg: DeepseekV41Config
     replay: bool = False
+    verify_width: int = 1
+
+    def __post_init__(self):
+        if self.verify_width < 1:
+            raise ValueError(f"verify_width {self.verify_width}: must be >= 1")
+
+    @property
+    def ring_width(self) -> int:
+        """Records per decoder SWA ring: the window plus verify_width - 1 rows that a verify may
+        write past a request's committed length."""
+        return self.cfg.sliding_window + self.verify_width - 1
+
+    @property
+    def pending_slots(self) -> int:
+        """(c, z) pairs kept per ratio-2 source and request, by entry: a verify's rejected rows
+        write entries past the one the next forward reads."""
+        return self.verify_width // 2 + 1
 
     # ---------------------------------------------------------------- records
     @property
@@ -82,10 +104,11 @@ class PoolGeometry:
 
     def pending_bytes_per_request(self) -> int:
         D = self.cfg.head_dim
-        return sum(2 * D * 4 for s in self.kv_sources if self.cfg.ratio(s) == 2)
+        pairs = self.pending_slots
+        return sum(pairs * 2 * D * 4 for s in self.kv_sources if self.cfg.ratio(s) == 2)
 
     def ring_bytes_per_request(self) -> int:
-        return self.swa_record * self.cfg.sliding_window * len(self.ring_layers)
+        return self.swa_record * self.ring_width * len(self.ring_layers)
 
     def engram_tail_len(self) -> int:
         return max(self.cfg.engram_max_ngram_size - 1, 0) if self.cfg.engram_layer_ids else 0

@@ -49,14 +49,15 @@ def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor)
             plan = ctx.shared.swa_window[part] = PoolWindow.of(rows, ctx, pool, W, floor)
         store_records(kv, pool.swa[i], plan.dst, Layout.V41, **rope)
         return pool.swa[i], plan.slots
+    ring = pool.ring[i]  # [R, Wr, B]
+    Wr = ring.shape[1]
     plan = ctx.shared.ring_plan
     if plan is None:  # the same rows and floors for every ring layer (the decoder's)
-        plan = ctx.shared.ring_plan = RingPlan.of(rows, ctx, W, floor)
-    ring = pool.ring[i]  # [R, W, B]
+        plan = ctx.shared.ring_plan = RingPlan.of(rows, ctx, W, floor, Wr)
     Bn, B, T, dev = ctx.batch_size, ring.shape[-1], rows.n, kv.device
-    scratch = torch.empty(Bn * W + T, B, dtype=torch.uint8, device=dev)
-    scratch[: Bn * W] = ring[ctx.req_pool].view(Bn * W, B)
-    new = scratch[Bn * W :]
+    scratch = torch.empty(Bn * Wr + T, B, dtype=torch.uint8, device=dev)
+    scratch[: Bn * Wr] = ring[ctx.req_pool].view(Bn * Wr, B)
+    new = scratch[Bn * Wr :]
     store_records(kv, new, plan.new_rows, Layout.V41, **rope)
     ring[plan.keep_slot, plan.ring_pos] = new
     return scratch, plan.slots
@@ -81,13 +82,15 @@ class PoolWindow:
 @dataclass
 class RingPlan:
     """Where ring layers read and write in one forward (rows and floors are the same for each).
+    Rings hold Wr >= W records (buffers.py: W plus a verify's slack).
 
-    slots     int32 [T, W]: each row's window in the scratch buffer [Bn W + T, B] (the batch's
-              rings, request b's position p at b W + p % W, then this forward's rows), -1 outside
+    slots     int32 [T, W]: each row's window in the scratch buffer [Bn Wr + T, B] (the batch's
+              rings, request b's position p at b Wr + p % Wr, then this forward's rows), -1
+              outside
     new_rows  int64 [T]: 0..T-1, the rows' records in the scratch's tail
-    keep_slot int64 [T]: the request slot whose ring keeps the row (each request's last W rows of
-              this forward), 0 (padding) for the others
-    ring_pos  int64 [T]: position % W
+    keep_slot int64 [T]: the request slot whose ring keeps the row (each request's last Wr rows
+              of this forward), 0 (padding) for the others
+    ring_pos  int64 [T]: position % Wr
     """
 
     slots: torch.Tensor
@@ -96,21 +99,26 @@ class RingPlan:
     ring_pos: torch.Tensor
 
     @classmethod
-    def of(cls, rows: Rows, ctx: BatchContext, W: int, floor: torch.Tensor) -> RingPlan:
+    def of(
+        cls, rows: Rows, ctx: BatchContext, W: int, floor: torch.Tensor, Wr: int | None = None
+    ) -> RingPlan:
+        Wr = W if Wr is None else Wr
         Bn, T = ctx.batch_size, rows.n
         first = rows.first_of_request()  # [T]
         kpos, ok = swa_window(rows.pos, W, floor)  # [T, W]
         p0 = rows.pos[first]
         in_fwd = kpos >= p0[:, None]
         slots = torch.where(
-            in_fwd, Bn * W + first[:, None] + kpos - p0[:, None], rows.req[:, None] * W + kpos % W
+            in_fwd,
+            Bn * Wr + first[:, None] + kpos - p0[:, None],
+            rows.req[:, None] * Wr + kpos % Wr,
         )
         slots = torch.where(ok, slots, torch.full_like(slots, -1)).to(torch.int32)
         rp = ctx.req_pool[rows.req]
-        keep = rows.pos > rows.pos[rows.last_row()] - W
+        keep = rows.pos > rows.pos[rows.last_row()] - Wr
         keep_slot = torch.where(keep, rp, torch.zeros_like(rp))
         new_rows = torch.arange(T, device=rows.pos.device)
-        return cls(slots, new_rows, keep_slot, rows.pos % W)
+        return cls(slots, new_rows, keep_slot, rows.pos % Wr)
 
 
 def _pairs(rows: Rows, r: int):
@@ -123,7 +131,9 @@ def _pairs(rows: Rows, r: int):
 
 def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
     """Full layer: write the main-KV and index-K entries completed by these rows (ratio 1 or 2;
-    a ratio-2 request's unpaired token waits in pool.pending[layer][request slot]).
+    at ratio 2 each request's even-position tokens of its last K entries wait in
+    pool.pending[layer][request slot, entry % K], where a later forward's first row finds its
+    partner; K > 1 leaves a verify's rejected rows room: buffers.py).
 
     Static shapes, no host sync off the CPU: every row computes a latent (rows that complete no
     entry store nothing: slot -1), so decode runs inside a CUDA graph; on the CPU only completing
@@ -140,12 +150,15 @@ def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
         # partner: the previous row of the same request, else the request's pending token
         prev = (torch.arange(rows.n, device=c.device) - 1).clamp_min(0)
         own = prev_same[:, None]
-        pend = pool.pending[i]
-        cg = torch.stack((torch.where(own, c[prev], pend[rp, 0]), c), 1)  # [T, 2, D]
-        zg = torch.stack((torch.where(own, z[prev], pend[rp, 1]), z), 1)
-        hold = rows.last_of_request() & ~done  # a request's last row, unpaired
+        pend = pool.pending[i]  # [R, K, 2, D]
+        K = pend.shape[1]
+        held = pend[rp, (rows.pos // 2) % K]  # [T, 2, D]: the entry's first token, if waiting
+        cg = torch.stack((torch.where(own, c[prev], held[:, 0]), c), 1)  # [T, 2, D]
+        zg = torch.stack((torch.where(own, z[prev], held[:, 1]), z), 1)
+        last = rows.pos[rows.last_row()]
+        hold = ~done & (rows.pos > last - 2 * K)  # even tokens of the request's last K entries
         dst = torch.where(hold, rp, torch.zeros_like(rp))  # others to the padding slot 0
-        pend[dst] = torch.stack((c, z), 1)
+        pend[dst, (rows.pos // 2) % K] = torch.stack((c, z), 1)
     else:
         cg, zg = c[:, None], None
     entry_pos = rows.pos // r * r

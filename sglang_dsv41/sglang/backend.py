@@ -1,18 +1,20 @@
 """Attention backend `dsv41`: the per-forward batch metadata of the cached path.
 
 SGLang calls `init_forward_metadata(forward_batch)` before every model forward (extend, decode,
-mixed, idle). The backend turns SGLang's batch description (request slots, prefix and extend
-lengths, output slots, slot table) into a `serving.context.BatchContext` built with tensor ops on
-the pool's device; the model's layers then read and write the `DSV41KVPool` through it
-(`serving.layer_loop`). Decode metadata needs no host sync; extend checks SGLang's positions and
-whether any row lies below its request's replay floor (one sync each, as SGLang's extend does).
+mixed, idle; under speculative decoding, target verify: `width` rows per request after its
+committed length, `speculative.py`). The backend turns SGLang's batch description (request
+slots, prefix and extend lengths, output slots, slot table) into a `serving.context.BatchContext`
+built with tensor ops on the pool's device; the model's layers then read and write the
+`DSV41KVPool` through it (`serving.layer_loop`). Decode and verify metadata need no host sync;
+extend checks SGLang's positions and whether any row lies below its request's replay floor (one
+sync each, as SGLang's extend does).
 
-CUDA graphs (decode): SGLang captures one graph per padded batch size; the metadata is built
-inside the capture from the batch's static input tensors (request slots, sequence lengths,
-output slots), so a replay rebuilds it on the device. Padded rows point at request slot 0 and
-slot 0, the padding rows of every table and buffer. On CUDA, decode page tables span the slot
-table's whole width, in eager decode too, so a replay computes exactly what eager decode does.
-Prefill runs eager.
+CUDA graphs (decode, or target verify under speculative decoding): SGLang captures one graph
+per padded batch size; the metadata is built inside the capture from the batch's static input
+tensors (request slots, sequence lengths, output slots), so a replay rebuilds it on the device.
+Padded rows point at request slot 0 and slot 0, the padding rows of every table and buffer. On
+CUDA, decode and verify page tables span the slot table's whole width, in eager forwards too,
+so a replay computes exactly what the eager forward does. Prefill runs eager.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from sglang_dsv41.serving.context import (
     decode_context,
     rows_from_lens,
     slots_bound,
+    verify_context,
 )
+from sglang_dsv41.sglang.speculative import check_verify_width, verify_width_of
 
 BACKEND_NAME = "dsv41"
 
@@ -54,6 +58,8 @@ class DSV41AttnBackend(AttentionBackend):
         seq_lens = fb.seq_lens.to(dev, torch.int64)
         out_loc = fb.out_cache_loc.to(dev, torch.int64)
         floors = pool.floor[req_pool]
+        if fb.forward_mode.is_target_verify():
+            return self._verify_context(fb, req_pool, seq_lens, out_loc, floors)
         if decode and dev.type == "cuda":
             table_len = self.req_to_token.shape[1]
             return decode_context(req_pool, seq_lens, out_loc, self.req_to_token, floors, table_len)
@@ -81,6 +87,20 @@ class DSV41AttnBackend(AttentionBackend):
             max_slots=slots_bound(seq_cpu),
         )
 
+    def _verify_context(self, fb, req_pool, prefix_lens, out_loc, floors) -> BatchContext:
+        """TARGET_VERIFY: `width` rows per request after its committed length (SGLang's
+        seq_lens in a verify batch exclude the block). No host sync on CUDA (page tables span
+        the slot table, as in decode), so SGLang's graph runner can capture it."""
+        width = verify_width_of(fb)
+        check_verify_width(width, getattr(self.token_to_kv_pool, "verify_width", 1))
+        if self.req_to_token.device.type == "cuda":
+            table_len = self.req_to_token.shape[1]
+        else:
+            table_len = int(prefix_lens.max()) + width
+        return verify_context(
+            req_pool, prefix_lens, width, out_loc, self.req_to_token, floors, table_len
+        )
+
     # ------------------------------------------------------------------ CUDA graphs (decode)
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         """Nothing to preallocate: the metadata is built inside each captured graph. The record
@@ -91,9 +111,11 @@ class DSV41AttnBackend(AttentionBackend):
         warm_tables(self.req_to_token.device)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        if not forward_batch.forward_mode.is_decode():
+        mode = forward_batch.forward_mode
+        if not (mode.is_decode() or mode.is_target_verify()):
             raise NotImplementedError(
-                "dsv41 backend: CUDA graphs capture decode only (prefill runs eager)"
+                "dsv41 backend: CUDA graphs capture decode and target verify only (prefill "
+                "runs eager)"
             )
 
     def init_forward_metadata_in_graph(self, forward_batch):

@@ -6,11 +6,14 @@
     fp8_gemm_runner_backend  flashinfer_cutedsl on SM100 (the 32x32 UE8M0 blocks served as
                              MXFP8, as SGLang does for its own V4.1); SGLang's default (DeepGEMM
                              block-32, its Triton fallback) elsewhere
-    CUDA graphs              required off, and said so: the in-tree layer loop with the dsv41
-                             backend is not verified under graph capture, and SGLang 0.5.23 lets
-                             no model declaration turn graphs off (`disable_*cuda_graph` are not
-                             model-overridable fields), so a launch without --disable-cuda-graph
-                             fails at argument resolution naming the flag
+    CUDA graphs              checked, not set (SGLang 0.5.23 lets no model declaration turn
+                             graphs off: `disable_*cuda_graph` are not model-overridable fields),
+                             so a launch without the flag below fails at argument resolution
+                             naming it. While INTREE_DECODE_GRAPHS_VERIFIED is False:
+                             --disable-cuda-graph (the in-tree layer loop with the dsv41 backend
+                             has not run under capture; docs/speculative.md 5). Once True:
+                             decode graphs on, prefill graphs off (--disable-prefill-cuda-graph,
+                             PREFILL_EAGER_REASON, logged at startup)
 On SM90 the FP4 runner (flashinfer CUTLASS, W4A16) needs the hidden size and the per-rank expert
 width (moe_intermediate_size * ep_size / tp_size) to be multiples of 128; V4.1-Flash's 2304 at
 --tp 8 gives 288, so the error says to shard the experts by expert parallelism (--ep-size 8).
@@ -23,6 +26,46 @@ from __future__ import annotations
 import logging
 
 logger = logging.getLogger(__name__)
+
+INTREE_DECODE_GRAPHS_VERIFIED = False
+"""The one switch for decode CUDA graphs of the in-tree CUDA model. Set it True once
+tests/gpu/test_intree_graphs.py passes on a GPU (graph replay equals eager decode bit for bit on
+the flash-slice; docs/speculative.md 5): the server then captures decode graphs and asks only
+for prefill graphs off."""
+
+PREFILL_EAGER_REASON = (
+    "the dsv41 backend's extend metadata reads positions, replay floors and the attention "
+    "workspace's slot bound on the host, and the replay tail has no prefill-graph members"
+)
+
+
+def check_graph_flags(cfg) -> None:
+    """Raise naming the flag the in-tree model needs (module docstring); log why prefill runs
+    eager when decode graphs are allowed."""
+    if not INTREE_DECODE_GRAPHS_VERIFIED:
+        if not cfg.disable_cuda_graph:
+            raise ValueError(
+                "--disable-cuda-graph: the released V4.1 format on CUDA runs SGLang's in-tree "
+                "model with the dsv41 attention backend, which is not verified under CUDA-graph "
+                "capture in this version; start the server with --disable-cuda-graph"
+            )
+        return
+    prefill_off = (
+        cfg.disable_cuda_graph
+        or getattr(cfg, "disable_prefill_cuda_graph", False)
+        or str(getattr(cfg, "cuda_graph_backend_prefill", None)) == "disabled"
+    )
+    if not prefill_off:
+        raise ValueError(
+            "--disable-prefill-cuda-graph: the released V4.1 format on CUDA decodes in CUDA "
+            f"graphs but prefills eagerly ({PREFILL_EAGER_REASON}); start the server with "
+            "--disable-prefill-cuda-graph"
+        )
+    logger.info(
+        "sglang_dsv41: the in-tree CUDA model decodes in CUDA graphs%s; prefill runs eager: %s",
+        " (off: --disable-cuda-graph)" if cfg.disable_cuda_graph else "",
+        PREFILL_EAGER_REASON,
+    )
 
 
 def check_sm90_expert_width(cfg, tp: int, ep: int) -> None:
@@ -47,12 +90,7 @@ def cuda_server_defaults(server_args, hf_config) -> dict:
     cfg = resolving_view(server_args)
     if cfg.device != "cuda" or not is_release_format(hf_config.dsv41()):
         return {}
-    if not cfg.disable_cuda_graph:
-        raise ValueError(
-            "--disable-cuda-graph: the released V4.1 format on CUDA runs SGLang's in-tree model "
-            "with the dsv41 attention backend, which is not verified under CUDA-graph capture "
-            "in this version; start the server with --disable-cuda-graph"
-        )
+    check_graph_flags(cfg)
     platform = get_platform()
     out = {}
     hopper_or_blackwell = platform.is_sm90 or platform.is_sm100 or platform.is_sm120

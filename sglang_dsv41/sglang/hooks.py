@@ -71,8 +71,8 @@ def prefill_starts(batch):
 def _init_new(result, cls, batch, *args, **kwargs):
     options = served()
     mode = batch.forward_mode
-    if options is None or not (mode.is_extend() or mode.is_mixed()):
-        return result
+    if options is None or not (mode.is_extend() or mode.is_mixed()) or mode.is_target_verify():
+        return result  # a target verify (an extend to SGLang) continues its requests
     model_runner = args[0] if args else kwargs["model_runner"]
     pool = model_runner.token_to_kv_pool
     if not hasattr(pool, "start_request"):  # another model in this process (a draft worker)

@@ -25,6 +25,7 @@ from sglang_dsv41.serving.layer_loop import run_layers
 from sglang_dsv41.sglang.options import ServingOptions, register_served
 from sglang_dsv41.weights.checkpoint import dense_weights_from_release, is_release_format
 from sglang_dsv41.weights.named import load_named
+from sglang_dsv41.weights.release_manifest import is_skipped
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +56,14 @@ class DeepseekV41ForCausalLM(nn.Module):
         )
 
     def load_weights(self, weights):
-        """Dense checkpoints load by name; the released FP8/FP4 format is dequantized on the
-        way (weights.checkpoint.dense_weights_from_release validates names, dtypes, shapes)."""
+        """Dense checkpoints load by name (tensors outside the text model skipped: the DSpark
+        head, vision); the released FP8/FP4 format is dequantized on the way
+        (weights.checkpoint.dense_weights_from_release validates names, dtypes, shapes)."""
         where = str(getattr(self.config, "_name_or_path", ""))
         if is_release_format(self.cfg):
             weights = dense_weights_from_release(weights, self.cfg, where)
+        else:  # the DSpark head (mtp.*) is the draft model's
+            weights = ((n, t) for n, t in weights if not is_skipped(n))
         loaded = load_named(self, weights, where=where)
         if self.cfg.engram_layer_ids:
             self.engram_hasher = build_engram_hasher(self.cfg, where or None)
@@ -67,6 +71,12 @@ class DeepseekV41ForCausalLM(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):
+        if forward_batch.forward_mode.is_target_verify() and self.cfg.engram_layer_ids:
+            raise NotImplementedError(
+                "DeepseekV41ForCausalLM (pure torch): a target verify of an Engram model; this "
+                "model's Engram tails would move past rejected rows (the CUDA model keeps "
+                "SGLang's Engram history, which its speculative worker commits)"
+            )
         pool = get_attn_backend().token_to_kv_pool
         h = run_layers(self, input_ids, forward_batch.dsv41_context, pool)
         return self.logits_processor(input_ids, h, self.head, forward_batch)

@@ -5,7 +5,9 @@ hands out full (token) slots and, separately, SWA slots, registers the full -> S
 and frees a request's SWA slots once they leave its window; the radix cache's SWA component keeps
 or tombstones a cached prefix's trailing window. Global records (main KV, index K) live at full
 slots, SWA records at SWA slots (serving/buffers.py has the layout), so allocation, freeing,
-retraction and prefix caching work unchanged.
+retraction and prefix caching work unchanged. Sized for the server's target-verify width
+(speculative decoding): the rows a verify rejects leave nothing a later row reads
+(serving/buffers.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache
 
 from sglang_dsv41.serving.buffers import RecordBuffers
 from sglang_dsv41.sglang.options import ServingOptions
+from sglang_dsv41.sglang.speculative import served_verify_width
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +52,13 @@ class DSV41KVPool(RecordBuffers, BaseSWAKVPool):
         context_len: int,
         device: str = "cpu",
         enable_memory_saver: bool = False,
+        verify_width: int | None = None,
     ):
+        """verify_width: rows per request of the server's target-verify forwards (None: the
+        server's, `speculative.served_verify_width`; 1 without speculative decoding)."""
         cfg = options.cfg
+        if verify_width is None:
+            verify_width = served_verify_width()
         KVCache.__init__(
             self,
             size=size,
@@ -61,16 +69,25 @@ class DSV41KVPool(RecordBuffers, BaseSWAKVPool):
             enable_memory_saver=enable_memory_saver,
         )
         RecordBuffers.__init__(
-            self, cfg, options.replay, size, swa_size, page_size, max_requests, device
+            self,
+            cfg,
+            options.replay,
+            size,
+            swa_size,
+            page_size,
+            max_requests,
+            device,
+            verify_width=verify_width,
         )
+        self.verify_width = verify_width
         self.swa_kv_pool = _SWASlots(swa_size, page_size, cfg.num_hidden_layers, device)
         self.options = options
         g = self.geometry
         logger.info(
             "dsv41 KV pool: %d full slots x %.1f B (main KV + index K over kv sources %s), "
             "%d SWA slots x %d B (V41 records of %d layers), %d request slots x %d B (pending, "
-            "decoder SWA rings of %d layers, Engram tail, floor) + %d B slot table; "
-            "%.3f GiB allocated (%d B)",
+            "decoder SWA rings of %d layers, Engram tail, floor; room for %d-row verifies) + "
+            "%d B slot table; %.3f GiB allocated (%d B)",
             size,
             g.global_bytes_per_token(),
             g.kv_sources,
@@ -80,6 +97,7 @@ class DSV41KVPool(RecordBuffers, BaseSWAKVPool):
             max_requests,
             g.state_bytes_per_request(),
             len(g.ring_layers),
+            verify_width,
             4 * context_len,
             self.nbytes() / 2**30,
             self.nbytes(),

@@ -23,6 +23,7 @@ from sglang.srt.runtime_context import get_schedule
 
 from sglang_dsv41.serving.geometry import PoolGeometry, swa_slots_needed
 from sglang_dsv41.sglang.options import ServingOptions
+from sglang_dsv41.sglang.speculative import served_verify_width
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ SGLANG_MAX_REQUESTS = 4096  # the most request slots SGLang picks without --max-
 class DSV41PoolConfigurator(MemoryPoolConfigurator):
     def __init__(self, kvc):
         options = ServingOptions.from_server(kvc.model_config.hf_config.dsv41())
-        self.geometry = PoolGeometry(options.cfg, options.replay)
+        self.geometry = PoolGeometry(options.cfg, options.replay, served_verify_width())
         self.window = options.cfg.sliding_window
         self.context_len = int(kvc.model_config.context_len)
         sched = get_schedule()

@@ -15,8 +15,10 @@ other text fields of the preset under `text_config` (`--flat` puts them all at t
 builds a generic config for the unregistered `deepseek_v41` model type.
 
 model.safetensors holds every tensor of `manifest.tensor_manifest(cfg)` in the preset's
-`torch_dtype` (fp32 where the manifest says so). The tokenizer is a byte-level BPE trained on the
-shipped corpus (`tools.tokenizer`).
+`torch_dtype` (fp32 where the manifest says so), and the DSpark draft head the config declares
+(`dspark_*` keys, `mtp.*` tensors: weights/dspark_manifest.py), which SGLang's speculative
+decoding reads and this package's text loaders skip. The tokenizer is a byte-level BPE trained
+on the shipped corpus (`tools.tokenizer`).
 
 Same preset and seed -> identical bytes in every file: each tensor draws from its own generator,
 seeded by sha256(seed, name), so tensors do not depend on the order they are made in.
@@ -48,11 +50,12 @@ from pathlib import Path
 
 import torch
 
-from sglang_dsv41.config import DeepseekV41Config, preset
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.manifest import tensor_manifest
 from sglang_dsv41.presets import PRESETS
 from sglang_dsv41.tools.outdir import prepare_out_dir
 from sglang_dsv41.tools.progress import progress as progress_line
+from sglang_dsv41.weights.dspark_manifest import dspark_config, dspark_tensors
 
 TOO_BIG = ("flash",)
 """Presets whose random weights are too large to write; config geometry only."""
@@ -62,6 +65,7 @@ NORM_GAIN_STD, SINK_STD, ROUTER_BIAS_STD = 0.05, 0.1, 0.01
 def checkpoint_config(name: str, text_config: bool = True) -> dict:
     """The config.json dict for preset `name` (validated through DeepseekV41Config)."""
     text = PRESETS[name]()
+    text.update(dspark_config(text))
     DeepseekV41Config.from_dict(text)
     extra = {"vision_n_layers": 0, "tie_word_embeddings": False}
     if not text_config:
@@ -95,9 +99,16 @@ def init_tensor(name: str, shape: tuple, dtype: torch.dtype, seed: int) -> torch
     return x.to(dtype)
 
 
+def checkpoint_manifest(cfg: DeepseekV41Config) -> dict:
+    """name -> (shape, dtype) of every tensor written: the text model's and the DSpark head's
+    (`mtp.*`, when cfg declares one)."""
+    dtype = getattr(torch, cfg.torch_dtype)
+    return {**tensor_manifest(cfg, dense_dtype=dtype), **dspark_tensors(cfg, dense_dtype=dtype)}
+
+
 def random_weights(cfg: DeepseekV41Config, seed: int = 0, progress: bool = False) -> dict:
-    """name -> tensor for every entry of tensor_manifest(cfg), in manifest order."""
-    manifest = tensor_manifest(cfg, dense_dtype=getattr(torch, cfg.torch_dtype))
+    """name -> tensor for every entry of checkpoint_manifest(cfg), in manifest order."""
+    manifest = checkpoint_manifest(cfg)
     out = {}
     for i, (name, (shape, dtype)) in enumerate(manifest.items()):
         out[name] = init_tensor(name, shape, dtype, seed)
@@ -107,7 +118,7 @@ def random_weights(cfg: DeepseekV41Config, seed: int = 0, progress: bool = False
 
 
 def manifest_bytes(cfg: DeepseekV41Config) -> int:
-    manifest = tensor_manifest(cfg, dense_dtype=getattr(torch, cfg.torch_dtype))
+    manifest = checkpoint_manifest(cfg)
     return sum(math.prod(s) * d.itemsize for s, d in manifest.values())
 
 
@@ -126,7 +137,7 @@ def write_checkpoint(
 
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    cfg = preset(name)
+    cfg = DeepseekV41Config.from_dict(checkpoint_config(name, text_config=False))
     if name in TOO_BIG:
         gb = manifest_bytes(cfg) / 1e9
         raise ValueError(

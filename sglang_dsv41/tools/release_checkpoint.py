@@ -8,9 +8,10 @@ quantization_config, 43 compress_ratios) and its text tensor name set (all 40 la
 attention role, mHC on every layer, Engram on layers 1 and 14, 8 routed experts per MoE layer
 instead of 384), stored as the release stores them: FP8 e4m3 + UE8M0 32x32-block `.scale`,
 packed-e2m1 int8 experts + per-32 UE8M0 `.scale`, FP8 engram rows + per-32 scales, BF16, FP32.
-Widths are reduced (see weights/release_config.py). A second shard holds a few placeholder
-`mtp.*`, `vision.*`, `aligner.*` and `image_*` tensors so the loader's skip path runs (their
-real names beyond the prefixes are not audited). Files: config.json, model-00001-of-00002.
+Widths are reduced (see weights/release_config.py). A second shard holds the DSpark draft head
+(`dspark_*` keys in text_config, `mtp.*` tensors: weights/dspark_manifest.py) and a few
+placeholder `vision.*`, `aligner.*` and `image_*` tensors, so the loader's skip path runs (the
+placeholders' names beyond the prefixes are not audited). Files: config.json, model-00001-of-00002.
 safetensors, model-00002-of-00002.safetensors, model.safetensors.index.json, tokenizer files.
 Same seed -> same bytes.
 
@@ -34,6 +35,11 @@ import torch
 from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.tools.outdir import prepare_out_dir
 from sglang_dsv41.tools.progress import progress as progress_line
+from sglang_dsv41.weights.dspark_manifest import (
+    dspark_config,
+    dspark_release_kind,
+    dspark_release_tensors,
+)
 from sglang_dsv41.weights.quant import quant_fp4_packed, quant_fp8_block, quant_fp8_rows
 from sglang_dsv41.weights.release_config import (
     flash_mini_text_config,
@@ -102,40 +108,45 @@ def dense_init(name: str, shape: tuple, cfg: DeepseekV41Config, seed: int) -> to
     return apply_affine(torch.randn(shape, generator=_gen(seed, name)), mean, std)
 
 
-def quantize_release(name: str, w: torch.Tensor) -> dict:
-    """One dense fp32 tensor -> its stored tensors ({name[, scale name]: tensor}) by its kind,
-    on w's device."""
-    kind = release_kind(name)
+def quantize_release(name: str, w: torch.Tensor, kind_of=release_kind) -> dict:
+    """One dense fp32 tensor -> its stored tensors ({name[, scale name]: tensor}) by its kind
+    (`kind_of(name)`), on w's device."""
+    kind = kind_of(name)
     if kind in (FP8, FP4, FP8_ROWS):
         q, s = {FP8: quant_fp8_block, FP4: quant_fp4_packed, FP8_ROWS: quant_fp8_rows}[kind](w)
         return {name: q, scale_name(name): s}
     return {name: w.to(torch.float32 if kind == FP32 else torch.bfloat16)}
 
 
-def release_tensors(cfg: DeepseekV41Config, seed: int = 0, progress: bool = False) -> dict:
-    """Stored name -> tensor of every text tensor of release_manifest(cfg), quantized."""
-    manifest = release_manifest(cfg)
+def release_tensors(
+    cfg: DeepseekV41Config,
+    seed: int = 0,
+    progress: bool = False,
+    manifest: dict | None = None,
+    kind_of=release_kind,
+) -> dict:
+    """Stored name -> tensor of every tensor of `manifest` (default: release_manifest(cfg), the
+    text model), quantized by `kind_of(dense name)`."""
+    manifest = release_manifest(cfg) if manifest is None else manifest
     names = [n for n in manifest if not n.endswith(".scale")]
     out = {}
     for i, name in enumerate(names):
         if progress:
             progress_line(i + 1, len(names), "weights")
         shape = manifest[name][0]
-        if release_kind(name) == FP4:
+        if kind_of(name) == FP4:
             shape = (shape[0], shape[1] * 2)
-        out.update(quantize_release(name, dense_init(name, shape, cfg, seed)))
+        out.update(quantize_release(name, dense_init(name, shape, cfg, seed), kind_of))
     return out
 
 
 def placeholder_skipped(cfg: DeepseekV41Config, seed: int = 0) -> dict:
-    """A few tensors under the skipped prefixes (MTP stages, vision, aligner, image_*)."""
-    d, out = cfg.hidden_size, {}
-    for k in range(cfg.num_nextn_predict_layers):
-        for part in ("e_proj", "h_proj"):
-            q, s = quant_fp8_block(torch.randn(d, d, generator=_gen(seed, f"mtp{k}{part}")))
-            out[f"mtp.{k}.{part}.weight"], out[f"mtp.{k}.{part}.scale"] = q, s
-        for part in ("enorm", "hnorm", "norm"):
-            out[f"mtp.{k}.{part}.weight"] = torch.ones(d, dtype=torch.bfloat16)
+    """The tensors outside the text model: the DSpark draft head (`mtp.*`, real names and
+    shapes, weights.dspark_manifest) and a few vision / aligner / image_* placeholders."""
+    d = cfg.hidden_size
+    out = release_tensors(
+        cfg, seed, manifest=dspark_release_tensors(cfg), kind_of=dspark_release_kind
+    )
     out["vision.patch_embed.weight"] = torch.zeros(32, 3 * 14 * 14, dtype=torch.bfloat16)
     out["aligner.proj.weight"] = torch.zeros(d, 32, dtype=torch.bfloat16)
     for part in ("image_start", "image_end", "image_newline"):
@@ -154,6 +165,7 @@ def write_flash_mini(
 
     out = prepare_out_dir(out_dir, force)
     text = {**flash_mini_text_config(), **(widths or {})}
+    text.update(dspark_config(text))
     save_tokenizer(out, text["vocab_size"], text["max_position_embeddings"])
     from tokenizers import Tokenizer
 

@@ -62,9 +62,10 @@ def scale_name(weight_name: str) -> str:
     return weight_name[: -len(".weight")] + ".scale"
 
 
-def release_entries(name: str, shape: tuple) -> dict:
-    """Stored tensors for one dense tensor: {name: (shape, dtype)} (1 or 2 entries)."""
-    kind = release_kind(name)
+def release_entries(name: str, shape: tuple, kind: str | None = None) -> dict:
+    """Stored tensors for one dense tensor: {name: (shape, dtype)} (1 or 2 entries); `kind`
+    defaults to release_kind(name)."""
+    kind = kind or release_kind(name)
     if kind == FP8:
         return {name: (shape, E4M3), scale_name(name): (fp8_block_scale_shape(shape), UE8M0)}
     if kind == FP4:

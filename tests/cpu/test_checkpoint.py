@@ -10,8 +10,15 @@ import torch
 
 from sglang_dsv41.config import DeepseekV41Config, preset
 from sglang_dsv41.manifest import tensor_manifest
-from sglang_dsv41.tools.make_checkpoint import checkpoint_config, main, write_checkpoint
+from sglang_dsv41.tools.make_checkpoint import (
+    checkpoint_config,
+    checkpoint_manifest,
+    main,
+    write_checkpoint,
+)
 from sglang_dsv41.tools.tokenizer import BOS, DSML, EOS, SPECIAL_TOKENS, train_tokenizer
+from sglang_dsv41.weights.dspark_manifest import KEYS as DSPARK_KEYS
+from sglang_dsv41.weights.dspark_manifest import dspark_tensors
 
 FILES = (
     "config.json",
@@ -44,10 +51,13 @@ def hf_tok(ckpt):
 def test_tensors_equal_manifest(ckpt):
     from safetensors.torch import load_file
 
-    cfg = preset("tiny")
-    want = tensor_manifest(cfg, dense_dtype=getattr(torch, cfg.torch_dtype))
+    cfg = DeepseekV41Config.from_hf(ckpt)
+    want = checkpoint_manifest(cfg)
     got = load_file(str(ckpt / "model.safetensors"))
     assert sorted(got) == sorted(want)
+    text = tensor_manifest(cfg, dense_dtype=getattr(torch, cfg.torch_dtype))
+    assert set(want) - set(text) == set(dspark_tensors(cfg))  # the DSpark head, mtp.*
+    assert all(n.startswith("mtp.") for n in dspark_tensors(cfg))
     for name, (shape, dtype) in want.items():
         assert tuple(got[name].shape) == shape, name
         assert got[name].dtype == dtype, name
@@ -121,7 +131,7 @@ def test_config_round_trips(ckpt):
             if field != "extra":
                 assert getattr(got, field) == getattr(want, field), (flat, field)
         assert got.extra.get("vision_n_layers") == 0
-        assert set(got.extra) - set(want.extra) == {"vision_n_layers"}
+        assert set(got.extra) - set(want.extra) == {"vision_n_layers", *DSPARK_KEYS}
 
 
 def test_cli_errors(tmp_path, capsys):

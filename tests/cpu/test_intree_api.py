@@ -309,6 +309,23 @@ def test_cuda_defaults(monkeypatch):
     assert set(h) | set(b) <= resolvable_fields(ServerArgs)
 
 
+def test_cuda_graph_switch(monkeypatch):
+    """INTREE_DECODE_GRAPHS_VERIFIED lifts the --disable-cuda-graph requirement to prefill only."""
+    from sglang_dsv41.sglang import cuda_defaults
+    from sglang_dsv41.tools.node_check import NODE_WIDTHS
+
+    monkeypatch.setattr(cuda_defaults, "INTREE_DECODE_GRAPHS_VERIFIED", True)
+    want = {"moe_runner_backend": "flashinfer_mxfp4"}
+    node = dict(widths=dict(NODE_WIDTHS))
+    assert _defaults(monkeypatch, 90, True, **node) == want  # --disable-cuda-graph still ok
+    prefill_off = dict(disable_cuda_graph=False, disable_prefill_cuda_graph=True)
+    assert _defaults(monkeypatch, 90, True, **node, **prefill_off) == want
+    backend_off = dict(disable_cuda_graph=False, cuda_graph_backend_prefill="disabled")
+    assert _defaults(monkeypatch, 90, True, **node, **backend_off) == want
+    with pytest.raises(ValueError, match="--disable-prefill-cuda-graph.*replay floors"):
+        _defaults(monkeypatch, 90, True, **node, disable_cuda_graph=False)
+
+
 def test_torch_model_defaults_on_cuda_are_model_overridable(monkeypatch):
     import sglang.srt.arg_groups.model_override_base as mob
     from sglang.srt.arg_groups.arg_utils import resolvable_fields
