@@ -154,3 +154,18 @@ def test_attention_dtype_option_from_environment():
     cfg = preset("tiny")
     assert ServingOptions(cfg, False).attn_mode == "fp32"
     assert ServingOptions(cfg, False, torch.bfloat16).attn_mode == "bf16"
+
+
+def test_replay_option_follows_the_config_rule():
+    """Replay is on by default where the config allows it (`DeepseekV41Config.replay_error`),
+    off where it does not; the floor is the config's."""
+    from sglang_dsv41.config import DeepseekV41Config
+    from sglang_dsv41.sglang.options import ServingOptions
+
+    cfg = preset("tiny")
+    on = ServingOptions.from_server(cfg)
+    assert on.replay and on.replay_floor(300) == cfg.replay_floor(300) == 284
+    assert on.replay_floor(300, wants_prompt_logprobs=True) == 0
+    late = DeepseekV41Config.from_dict({**tiny(), "kv_source_layer_ids": [1, 3, 6, 8]})
+    off = ServingOptions.from_server(late)
+    assert not off.replay and off.replay_floor(300) == 0
