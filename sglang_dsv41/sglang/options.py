@@ -9,7 +9,8 @@
              bf16 for the in-tree CUDA model (released checkpoints on GPUs), fp32 for the
              pure-torch model (CPU serving, the oracle's twin)
 
-The model builds its options and hands them to the pool and backend. SGLang's scheduler hooks
+The model builds its options once (`model.options`); the pool sizing and the pool read them
+off the model SGLang loaded before them, and the backend off the pool. SGLang's scheduler hooks
 (the radix-match cap on a `Req`) run in the same process but see only the request, so the
 model also registers its options here; that registration is the only module-level state.
 """

@@ -40,8 +40,11 @@ def test_hf_config_keeps_arch_and_values():
 
 def test_hf_config_override_args_reach_core():
     c = DeepseekV41HFConfig(**_released(tiny()))
+    first = c.dsv41()
+    assert c.dsv41() is first  # parsed once, not on every call
     c.kv_cache_dtype_main = "fp8"  # what --json-model-override-args does
-    assert c.dsv41().kv_cache_dtype_main == "fp8"
+    assert c.dsv41().kv_cache_dtype_main == "fp8" and first.kv_cache_dtype_main == "fp4"
+    assert c.dsv41() is c.dsv41() and "_dsv41_parsed" not in c.to_dict()
 
 
 def test_hf_config_invalid_names_field_and_layer():
