@@ -195,6 +195,6 @@ def candidate_source(qI, w, kv: PagedIndexK, geo: IndexerGeometry, group=1):
     return select_in_blocks(pool_scores(qI, w, kv, own), own, topk), pool
 
 
-def reindex(qI, w, kv: PagedIndexK, pool, geo: IndexerGeometry):
+def reindex(qI, w, kv: PagedIndexK, pool: torch.Tensor, geo: IndexerGeometry):
     """Reindex: top-k int32 [T, topk] inside pool [T, NB] block ids; O(NB) per query."""
     return select_in_blocks(pool_scores(qI, w, kv, pool), pool, geo.topk)

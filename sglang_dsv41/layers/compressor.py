@@ -11,13 +11,14 @@ latent also feeds the index-K projection (Indexer.keys).
 import torch
 from torch import nn
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.dtypes import upcast
 from sglang_dsv41.layers.linear import Linear
 from sglang_dsv41.layers.norm import RMSNorm
 
 
 class Compressor(nn.Module):
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: DeepseekV41Config, layer: int):
         super().__init__()
         self.ratio = cfg.ratio(layer)
         D, hid = cfg.head_dim, cfg.hidden_size

@@ -17,6 +17,7 @@ from sglang_dsv41.layers.index_math import (
     topk_indices,
     visible_mask,
 )
+from sglang_dsv41.layers.protocols import Attention
 from sglang_dsv41.layers.quant import quant_main_kv, quant_swa_kv
 from sglang_dsv41.layers.sparse_attention import sparse_attention
 from sglang_dsv41.layers.window import swa_window
@@ -39,7 +40,7 @@ def swa_slots(pos: torch.Tensor, window: int, floor: int):
     return (kpos - pos[0]).clamp_min(0), ok
 
 
-def compress_full_layer(attn, x_all: torch.Tensor, state: SharedState) -> None:
+def compress_full_layer(attn: Attention, x_all: torch.Tensor, state: SharedState) -> None:
     """A Full layer writes its main KV and index K from its attention input over all tokens.
 
     x_all [L, hidden] from position 0. Entries j < L // r at positions j r.
@@ -52,7 +53,7 @@ def compress_full_layer(attn, x_all: torch.Tensor, state: SharedState) -> None:
 
 
 def select_topk(
-    attn, x: torch.Tensor, q_lora: torch.Tensor, pos: torch.Tensor, state: SharedState
+    attn: Attention, x: torch.Tensor, q_lora: torch.Tensor, pos: torch.Tensor, state: SharedState
 ) -> torch.Tensor:
     """Run this layer's indexer (Full / Reindex) -> top-k int64 [T, TOPK], -1 padded."""
     cfg, i = attn.cfg, attn.layer_id
@@ -73,7 +74,12 @@ def select_topk(
 
 
 def attention_layer(
-    attn, x: torch.Tensor, pos: torch.Tensor, swa_floor: int, state: SharedState, x_all=None
+    attn: Attention,
+    x: torch.Tensor,
+    pos: torch.Tensor,
+    swa_floor: int,
+    state: SharedState,
+    x_all: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One attention sublayer over consecutive rows.
 

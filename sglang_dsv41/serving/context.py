@@ -18,10 +18,11 @@ from sglang_dsv41.layers.rope import RopeAngles, rope_cos_sin
 
 if TYPE_CHECKING:
     from sglang_dsv41.kernels.args import DecodedRecords
+    from sglang_dsv41.layers.protocols import Attention
     from sglang_dsv41.serving.stores import PoolWindow, RingPlan
 
 
-def part_of(attn) -> str:
+def part_of(attn: Attention) -> str:
     """The layer's part, decoder (from cfg.decoder_start on; its rows may be a replay subset) or
     encoder: the layers of a part see the same rows and floors within a forward."""
     return "decoder" if attn.layer_id >= attn.cfg.decoder_start else "encoder"
@@ -93,7 +94,7 @@ class ForwardShared:
     rope: dict[str, RopeAngles] = field(default_factory=dict)
     topk_decoded: dict[str, DecodedRecords] = field(default_factory=dict)
 
-    def angles(self, attn, rows: Rows) -> RopeAngles:
+    def angles(self, attn: Attention, rows: Rows) -> RopeAngles:
         """RoPE angles of `rows` under the layer's inv_freq, computed once per forward for each
         part (encoder / decoder rows) and kind (inv_freq depends only on whether the layer
         compresses: layers.rope.rope_inv_freq)."""

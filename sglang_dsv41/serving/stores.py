@@ -15,11 +15,13 @@ import torch
 from sglang_dsv41.kernels.kv_store import store_index_k, store_latent, store_records
 from sglang_dsv41.kernels.sparse_attn import swa_window_slots
 from sglang_dsv41.kv.records import Layout
+from sglang_dsv41.layers.protocols import Attention, NormOp, Project
 from sglang_dsv41.layers.window import swa_window
+from sglang_dsv41.serving.buffers import RecordBuffers
 from sglang_dsv41.serving.context import BatchContext, Rows, part_of
 
 
-def _normed_input(lin, norm, x):
+def _normed_input(lin: Project, norm: NormOp, x: torch.Tensor):
     """(rows, norm weight or None): fuse the RMSNorm into the store for fp32 projections (the
     kernel then rounds exactly like `norm(lin(x)).float()`); bf16 ones are normed here, because
     the layers apply RoPE after `.float()` while a bf16 store would round after RoPE too."""
@@ -29,7 +31,14 @@ def _normed_input(lin, norm, x):
     return norm(y).float(), None
 
 
-def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor):
+def write_swa(
+    attn: Attention,
+    x: torch.Tensor,
+    rows: Rows,
+    ctx: BatchContext,
+    pool: RecordBuffers,
+    floor: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Store the rows' SWA records (V41) and return what attention reads:
     (cache uint8 [S, 528], slots int32 [T, W]); row t at p sees the window of
     `layers.window.swa_window(p, W, floor)`, slots oldest first, -1 outside.
@@ -71,7 +80,9 @@ class PoolWindow:
     dst: torch.Tensor
 
     @classmethod
-    def of(cls, rows: Rows, ctx: BatchContext, pool, W: int, floor: torch.Tensor) -> PoolWindow:
+    def of(
+        cls, rows: Rows, ctx: BatchContext, pool: RecordBuffers, W: int, floor: torch.Tensor
+    ) -> PoolWindow:
         rp = ctx.req_pool[rows.req]  # [T]
         full = swa_window_slots(ctx.req_to_token, rp, rows.pos, W, floor)  # [T, W]
         slots = pool.swa_slot_of(full).to(torch.int32)
@@ -121,7 +132,9 @@ def _pairs(rows: Rows, r: int):
     return done, prev_same
 
 
-def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
+def compress(
+    attn: Attention, x: torch.Tensor, rows: Rows, ctx: BatchContext, pool: RecordBuffers
+) -> None:
     """Full layer: write the main-KV and index-K entries completed by these rows (ratio 1 or 2;
     a ratio-2 request's unpaired token waits in pool.pending[layer][request slot]).
 

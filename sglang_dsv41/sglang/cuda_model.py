@@ -25,9 +25,11 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 
+import torch
 from sglang.srt.models import deepseek_v4 as intree
 from sglang.srt.runtime_context import get_exec
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.sglang.cuda_attention import DSV41CudaAttention
 from sglang_dsv41.sglang.intree_config import intree_config, intree_quant_config
 from sglang_dsv41.sglang.options import (
@@ -40,7 +42,9 @@ from sglang_dsv41.sglang.options import (
 logger = logging.getLogger(__name__)
 
 
-def decoder_layer_class(base, cfg, attn_dtype=None):
+def decoder_layer_class(
+    base: type, cfg: DeepseekV41Config, attn_dtype: torch.dtype | None = None
+) -> type:
     """`base` (SGLang's decoder-layer class) whose attention is DSV41CudaAttention for `cfg`,
     its sparse attention's I/O in `attn_dtype` (None = fp32)."""
 
@@ -51,7 +55,7 @@ def decoder_layer_class(base, cfg, attn_dtype=None):
 
 
 @contextmanager
-def build_scope(cfg, options: ServingOptions):
+def build_scope(cfg: DeepseekV41Config, options: ServingOptions):
     """While the in-tree model builds: our decoder-layer class and the replay flag."""
     base = intree.DeepseekV4DecoderLayer
     intree.DeepseekV4DecoderLayer = decoder_layer_class(base, cfg, options.attn_dtype)
