@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_dsv41.config import FULL
+from sglang_dsv41.kv.pages import entries_visible
 from sglang_dsv41.layers.index_math import (
     candidate_blocks,
     index_scores,
@@ -65,7 +66,7 @@ def select_topk(
     if cfg.uses_candidates(i):
         allowed = allowed & state.pool["mask"]
     if i == cfg.candidate_source_layer_id:
-        visible = (pos + 1) // attn.ratio
+        visible = entries_visible(pos, attn.ratio)  # [T]
         blocks = candidate_blocks(
             scores, visible, cfg.candidate_block_size, cfg.candidate_topk_blocks
         )

@@ -26,7 +26,7 @@ from sglang_dsv41.kernels import indexer as kidx
 from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK, SparseKV
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
 from sglang_dsv41.kernels.sparse_attn.ref import decode_records
-from sglang_dsv41.kv.pages import slot_of
+from sglang_dsv41.kv.pages import entries_visible, slot_of
 from sglang_dsv41.layers.dtypes import compute_dtype
 from sglang_dsv41.layers.protocols import Attention
 from sglang_dsv41.serving.buffers import RecordBuffers
@@ -64,7 +64,7 @@ def select_topk(
         index_k=pool.index_k[src],
         page_table=page_table(ctx, pool.page),
         req_ids=rows.req.to(torch.int32),
-        n_visible=((rows.pos + 1) // attn.ratio).to(torch.int32),
+        n_visible=entries_visible(rows.pos, attn.ratio).to(torch.int32),
         page_size=pool.page // cfg.ratio(src),  # entries per page
         split_pages=False,
     )

@@ -14,6 +14,7 @@ import torch
 
 from sglang_dsv41.kernels.kv_store import store_index_k, store_latent, store_records
 from sglang_dsv41.kernels.sparse_attn import swa_window_slots
+from sglang_dsv41.kv.pages import entry_of, entry_written_at
 from sglang_dsv41.kv.records import Layout
 from sglang_dsv41.layers.protocols import Attention, NormOp, Project
 from sglang_dsv41.layers.window import swa_window
@@ -126,7 +127,7 @@ class RingPlan:
 
 def _pairs(rows: Rows, r: int):
     """Per row: (completes an entry, the row before it is the same request's previous row)."""
-    done = (rows.pos + 1) % r == 0
+    done = entry_written_at(rows.pos, r)
     prev_same = torch.zeros_like(done)
     prev_same[1:] = rows.req[1:] == rows.req[:-1]
     return done, prev_same
@@ -161,7 +162,7 @@ def compress(
         pend[dst] = torch.stack((c, z), 1)
     else:
         cg, zg = c[:, None], None
-    entry_pos = rows.pos // r * r
+    entry_pos = entry_of(rows.pos, r) * r  # the entry's RoPE position
     rows_at = pool.entry_rows(i, ctx.req_to_token[rp, entry_pos].long())
     dst = torch.where(done, rows_at, torch.full_like(rows_at, -1))
     if c.device.type == "cpu":  # no graphs to keep static: only the completing rows go on
