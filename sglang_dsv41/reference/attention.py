@@ -26,10 +26,14 @@ from sglang_dsv41.layers.window import swa_window
 
 @dataclass
 class SharedState:
-    main_kv: dict = field(default_factory=dict)  # kv source -> fp32 [n, D] record values
-    index_k: dict = field(default_factory=dict)  # kv source -> fp32 [n, DI] record values
-    topk: dict = field(default_factory=dict)  # index source -> int64 [T, TOPK], -1 padded
-    pool: dict = field(default_factory=dict)  # "mask" -> bool [T, n] for the decoder rows
+    """main_kv / index_k: kv source -> fp32 [n, D] / [n, DI] record values; topk: index source
+    -> int64 [T, TOPK], -1 padded; pool_mask: bool [T, n], the candidate pool of the decoder
+    rows (None before the candidate source ran)."""
+
+    main_kv: dict[int, torch.Tensor] = field(default_factory=dict)
+    index_k: dict[int, torch.Tensor] = field(default_factory=dict)
+    topk: dict[int, torch.Tensor] = field(default_factory=dict)
+    pool_mask: torch.Tensor | None = None
 
 
 def swa_slots(pos: torch.Tensor, window: int, floor: int):
@@ -64,13 +68,13 @@ def select_topk(
     scores = index_scores(qI, w, k)  # [T, n]
     allowed = visible_mask(pos, attn.ratio, n)
     if cfg.uses_candidates(i):
-        allowed = allowed & state.pool["mask"]
+        allowed = allowed & state.pool_mask
     if i == cfg.candidate_source_layer_id:
         visible = entries_visible(pos, attn.ratio)  # [T]
         blocks = candidate_blocks(
             scores, visible, cfg.candidate_block_size, cfg.candidate_topk_blocks
         )
-        state.pool["mask"] = pool_mask(blocks, n, cfg.candidate_block_size)
+        state.pool_mask = pool_mask(blocks, n, cfg.candidate_block_size)
     return topk_indices(scores, allowed, cfg.index_topk)
 
 

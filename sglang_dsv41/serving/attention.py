@@ -30,7 +30,7 @@ from sglang_dsv41.kv.pages import entries_visible, slot_of
 from sglang_dsv41.layers.dtypes import compute_dtype
 from sglang_dsv41.layers.protocols import Attention
 from sglang_dsv41.serving.buffers import RecordBuffers
-from sglang_dsv41.serving.context import BatchContext, Rows, part_of
+from sglang_dsv41.serving.context import BatchContext, Rows
 from sglang_dsv41.serving.stores import compress, write_swa
 
 
@@ -108,11 +108,11 @@ def topk_decoded(attn: Attention, kv: torch.Tensor, top: torch.Tensor, ctx: Batc
     if top.device.type != "cpu":
         return None
     cfg = attn.cfg
-    key = f"{part_of(attn)}:{cfg.index_source_of(attn.layer_id)}"
-    got = ctx.shared.topk_decoded.get(key)
+    decoded = ctx.shared.part(attn).topk_decoded
+    isrc = cfg.index_source_of(attn.layer_id)
+    got = decoded.get(isrc)
     if got is None:
-        got = decode_records(kv, top, cfg.main_kv_layout, cfg.head_dim)
-        ctx.shared.topk_decoded[key] = got
+        got = decoded[isrc] = decode_records(kv, top, cfg.main_kv_layout, cfg.head_dim)
     return got
 
 

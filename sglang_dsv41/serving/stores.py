@@ -19,7 +19,7 @@ from sglang_dsv41.kv.records import Layout
 from sglang_dsv41.layers.protocols import Attention, NormOp, Project
 from sglang_dsv41.layers.window import swa_window
 from sglang_dsv41.serving.buffers import RecordBuffers
-from sglang_dsv41.serving.context import BatchContext, Rows, part_of
+from sglang_dsv41.serving.context import BatchContext, Rows
 
 
 def _normed_input(lin: Project, norm: NormOp, x: torch.Tensor):
@@ -52,16 +52,16 @@ def write_swa(
     i, W = attn.layer_id, attn.cfg.sliding_window
     kv, w = _normed_input(attn.wkv, attn.kv_norm, x)
     rope = dict(norm_weight=w, eps=attn.kv_norm.eps, angles=ctx.shared.angles(attn, rows))
+    part = ctx.shared.part(attn)
     if pool.swa[i] is not None:
-        part = part_of(attn)
-        plan = ctx.shared.swa_window.get(part)
+        plan = part.swa_window
         if plan is None:  # the same rows and floors for every SWA-pool layer of the part
-            plan = ctx.shared.swa_window[part] = PoolWindow.of(rows, ctx, pool, W, floor)
+            plan = part.swa_window = PoolWindow.of(rows, ctx, pool, W, floor)
         store_records(kv, pool.swa[i], plan.dst, Layout.V41, **rope)
         return pool.swa[i], plan.slots
-    plan = ctx.shared.ring_plan
+    plan = part.ring_plan
     if plan is None:  # the same rows and floors for every ring layer (the decoder's)
-        plan = ctx.shared.ring_plan = RingPlan.of(rows, ctx, W, floor)
+        plan = part.ring_plan = RingPlan.of(rows, ctx, W, floor)
     ring = pool.ring[i]  # [R, W, B]
     Bn, B, T, dev = ctx.batch_size, ring.shape[-1], rows.n, kv.device
     scratch = torch.empty(Bn * W + T, B, dtype=torch.uint8, device=dev)

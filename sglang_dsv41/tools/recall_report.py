@@ -128,7 +128,7 @@ def layer_metrics(model, state: SharedState, cap: QueryCapture, layer: int) -> d
         k = state.index_k[cfg.source_layer_of(layer)]
         scores = index_scores(qi, w, k)  # [R, n]
         free = topk_indices(scores, visible[:, : k.shape[0]], cfg.index_topk)
-        pool = state.pool["mask"][pos]  # [R, n]
+        pool = state.pool_mask[pos]  # [R, n]
         kept = pool.gather(1, free.clamp_min(0)) & (free >= 0)
         out["pool_recall"] = kept.sum(-1) / (free >= 0).sum(-1).clamp_min(1)
         # the served top-k is the top-k inside the pool: it must lie in the pool

@@ -67,7 +67,7 @@ def test_capture_is_transparent_and_removed(model):
         assert "query" not in block.attn.__dict__
         if block.attn.indexer is not None:
             assert "queries" not in block.attn.indexer.__dict__
-    assert state.pool["mask"].shape == (70, 70) and sorted(state.topk) == [1, 3, 6, 8, 10]
+    assert state.pool_mask.shape == (70, 70) and sorted(state.topk) == [1, 3, 6, 8, 10]
 
 
 def test_pool_recall_is_what_the_served_topk_keeps(model):
