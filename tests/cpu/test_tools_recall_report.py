@@ -125,7 +125,7 @@ def test_planted_reindex_layer(model):
     cap.qi[layer] = (pos, qi, torch.ones(1, model.cfg.index_n_heads))
     pool = torch.ones(40, 40, dtype=torch.bool)
     pool[39, 30] = False  # the pool lost the best entry
-    state.pool["mask"] = pool
+    state.pool_mask = pool
     state.topk[layer] = torch.zeros(40, 8, dtype=torch.int64)
     state.topk[layer][39] = torch.tensor([20, 0, 1, 2, 3, 4, 5, 6])  # top-8 inside the pool
     m = layer_metrics(model, state, cap, layer)
