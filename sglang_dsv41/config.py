@@ -169,6 +169,11 @@ class DeepseekV41Config:
     def softmax_scale(self) -> float:
         return self.attn_softmax_scale or self.head_dim**-0.5
 
+    @property
+    def index_weight_scale(self) -> float:
+        """The indexer's head-weight scale, DI^-0.5 HI^-0.5 (layers/indexer.py)."""
+        return self.index_head_dim**-0.5 * self.index_n_heads**-0.5
+
     def ratio(self, layer: int) -> int:
         return int(self.compress_ratios[layer])
 

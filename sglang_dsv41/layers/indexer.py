@@ -24,7 +24,7 @@ class Indexer(nn.Module):
         self.weights_proj = Linear(cfg.hidden_size, self.n_heads)
         self.wk = Linear(cfg.head_dim, self.head_dim) if owns_keys else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if owns_keys else None
-        self.w_scale = self.head_dim**-0.5 * self.n_heads**-0.5
+        self.w_scale = cfg.index_weight_scale
 
     def queries(self, q_lora: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, inv_freq):
         """q_lora [T, q_lora], x [T, hidden], pos [T] -> (qI fp32 [T, HI, DI], w fp32 [T, HI])."""

@@ -69,7 +69,7 @@ class IndexerView:
     ):
         self.n_heads, self.head_dim = cfg.index_n_heads, cfg.index_head_dim
         self.wq_b, self.weights_proj, self.wk, self.k_norm = wq_b, weights_proj, wk, k_norm
-        self.w_scale = self.head_dim**-0.5 * self.n_heads**-0.5
+        self.w_scale = cfg.index_weight_scale
 
 
 class AttentionView:

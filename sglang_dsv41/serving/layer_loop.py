@@ -46,7 +46,7 @@ def run_layers(
             state = model.residual.select(state, keep.nonzero().flatten())
             rows = rows.select(keep)
             floors = floors[keep]
-        floor = floors if i >= cfg.decoder_start else torch.zeros_like(floors)
+        floor = floors if cfg.is_decoder(i) else torch.zeros_like(floors)
         x = model.residual.attn_input(state, block)
         y = attention_layer(block.attn, x, rows, ctx, pool, floor, x_all, rows_all)
         if rows.n == 0:

@@ -81,7 +81,7 @@ class DSV41CudaAttention(MQALayer):
             )
         if rows.n == 0 and x_all is None:
             return x
-        if i >= cfg.decoder_start:
+        if cfg.is_decoder(i):
             floor = ctx.row_floors(rows)
         else:
             floor = torch.zeros(rows.n, dtype=torch.int64, device=rows.req.device)
