@@ -12,13 +12,16 @@ must agree) and names the field in its error. Nothing here syncs with the device
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 
 from sglang_dsv41.kv.records import Layout, record_bytes, record_dim, value_bytes
 from sglang_dsv41.kv.split_pages import read_split_records
+
+if TYPE_CHECKING:
+    from sglang_dsv41.config import DeepseekV41Config
 
 
 def _need(ok: bool, field: str, what: str) -> None:
@@ -108,7 +111,7 @@ class IndexerGeometry:
         _need(self.block >= 1, "block", f">= 1, got {self.block}")
 
     @classmethod
-    def of(cls, cfg) -> IndexerGeometry:
+    def of(cls, cfg: DeepseekV41Config) -> IndexerGeometry:
         """From a DeepseekV41Config: index_topk, candidate_topk_blocks, candidate_block_size."""
         return cls(cfg.index_topk, cfg.candidate_topk_blocks, cfg.candidate_block_size)
 

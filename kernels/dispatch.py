@@ -92,8 +92,13 @@ def has_triton() -> bool:
     return True
 
 
-def _interpreting() -> bool:
-    return _flag("TRITON_INTERPRET")
+TRITON_TRUE = ("1", "true", "on", "yes", "y")  # the values Triton's own boolean switches accept
+
+
+def triton_interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter: TRITON_INTERPRET read as Triton reads it
+    (TRITON_TRUE, any case), per call. Every reader of the variable asks here."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in TRITON_TRUE
 
 
 def device_paths(device: torch.device) -> tuple[Path, ...]:
@@ -105,7 +110,7 @@ def device_paths(device: torch.device) -> tuple[Path, ...]:
     if has_triton():
         if cap >= (9, 0):
             paths.append(Path.TRITON)
-        elif device.type == "cpu" and _interpreting() and forced_path() is Path.TRITON:
+        elif device.type == "cpu" and triton_interpreting() and forced_path() is Path.TRITON:
             paths.append(Path.TRITON)  # the interpreter, only when asked for
     return tuple(paths)
 

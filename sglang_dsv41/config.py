@@ -161,10 +161,6 @@ class DeepseekV41Config:
 
     # ------------------------------------------------------------------ derived
     @property
-    def n_layers(self) -> int:
-        return self.num_hidden_layers
-
-    @property
     def decoder_start(self) -> int:
         """First decoder layer (CED): the upper half of the stack."""
         return self.num_hidden_layers // 2
@@ -172,6 +168,11 @@ class DeepseekV41Config:
     @property
     def softmax_scale(self) -> float:
         return self.attn_softmax_scale or self.head_dim**-0.5
+
+    @property
+    def index_weight_scale(self) -> float:
+        """The indexer's head-weight scale, DI^-0.5 HI^-0.5 (layers/indexer.py)."""
+        return self.index_head_dim**-0.5 * self.index_n_heads**-0.5
 
     def ratio(self, layer: int) -> int:
         return int(self.compress_ratios[layer])
@@ -214,15 +215,43 @@ class DeepseekV41Config:
         return [self.role(i) for i in range(self.num_hidden_layers)]
 
     @property
-    def rope_dim(self) -> int:
-        return self.qk_rope_head_dim
-
-    @property
     def main_kv_layout(self):
         """The main-KV record layout: V41_FP4 (288 B at D = 512) or V41 (528 B) for "fp8"."""
         from sglang_dsv41.kv.records import Layout
 
         return Layout.V41_FP4 if self.kv_cache_dtype_main == "fp4" else Layout.V41
+
+    # ------------------------------------------------------------------ bounded replay
+    def replay_floor(self, prompt_len: int) -> int:
+        """Decoder SWA bounded replay's floor for a prompt of `prompt_len` tokens: the first
+        position the decoder computes, max(0, prompt_len - sliding_window) (docs/design.md 2.5)."""
+        return max(0, int(prompt_len) - self.sliding_window)
+
+    def replay_error(self, tail_at_last_kv_source: bool = False) -> ConfigError | None:
+        """Why decoder SWA bounded replay cannot run on this config, or None (docs/design.md 2.5).
+
+        The replay tail starts at the first decoder layer (`decoder_start`); only that layer
+        takes its attention input over every row, so every kv source must be at or before it (a
+        later one would compress the tail's rows only). tail_at_last_kv_source: the layer loop
+        starts its tail at the last kv source instead (SGLang's in-tree loop, used by the CUDA
+        model), so that source must be the first decoder layer itself, or the two tails differ.
+        """
+        last = max(self.kv_source_layer_ids, default=-1)
+        if last > self.decoder_start:
+            return _err(
+                "kv_source_layer_ids",
+                f"bounded replay needs every kv source at or before the first decoder layer "
+                f"{self.decoder_start}",
+                last,
+            )
+        if tail_at_last_kv_source and last != self.decoder_start:
+            return _err(
+                "kv_source_layer_ids",
+                f"the last kv source is layer {last}; bounded replay in a layer loop whose tail "
+                f"starts at the last kv source needs it at the first decoder layer "
+                f"{self.decoder_start}",
+            )
+        return None
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:

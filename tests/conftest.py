@@ -6,6 +6,8 @@ import sys
 import pytest
 import torch
 
+from sglang_dsv41.kernels.dispatch import triton_interpreting
+
 # Tiny models: one intra-op thread is several times faster than two on the 2-core CI machine,
 # where end-to-end server processes run beside the tests.
 torch.set_num_threads(1)
@@ -33,7 +35,7 @@ def pytest_pyfunc_call(pyfuncitem):
     """A `triton_interpret` test outside an interpreter process re-runs itself in one."""
     if pyfuncitem.get_closest_marker("triton_interpret") is None:
         return None
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if triton_interpreting():
         return None
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}

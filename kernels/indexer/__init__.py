@@ -73,7 +73,7 @@ def candidate_source(qI, w, kv: PagedIndexK, geo: IndexerGeometry, group=1):
     return _run("candidate_source", qI, w, kv, geo, group=group)
 
 
-def reindex(qI, w, kv: PagedIndexK, pool, geo: IndexerGeometry):
+def reindex(qI, w, kv: PagedIndexK, pool: torch.Tensor, geo: IndexerGeometry):
     """Reindex inside pool int32 [T, NB] block ids -> int32 [T, topk] entry ids, -1 padded."""
     return _run("reindex", qI, w, kv, geo, pool)
 

@@ -14,16 +14,14 @@ The same argument with the forced newest block taking one place shows that a poo
 top-k off the pool it builds. Output order along the TOPK axis is unspecified.
 """
 
-import os
-
 import torch
 import triton
 
 from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK
+from sglang_dsv41.kernels.dispatch import triton_interpreting
 from sglang_dsv41.kernels.indexer.select import topk_rows
 from sglang_dsv41.kernels.indexer.triton import _pool_kernel, _scan_group_kernel, _scan_kernel
 
-NEG_INF = float("-inf")
 BLOCK = 8
 # Launch shapes (entries per tile, tiles per program, warps): the fastest of
 # benchmarks/bench_indexer.py's sweeps on the H200 (RESULTS.md); prefill callers pass group=8.
@@ -32,9 +30,6 @@ TUNING = {
     "scan_group": {"bn": 128, "tiles": 8, "num_warps": 8},
     "pool": {"bn": 128, "tiles": 1, "num_warps": 4},
 }
-# "triton": kernels/indexer/select.py; "torch": torch.topk (kept for comparison in the benchmark)
-SELECT = "triton"
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _prep(qI, w, kv: PagedIndexK):
@@ -110,7 +105,7 @@ def _launch(kernel, tune: str, qI, w, kv: PagedIndexK, n_blk, cols, group=1, blo
         BN=bn,
         TILES=tiles,
         BLOCK=BLOCK,
-        DOT_F32=_INTERPRET,
+        DOT_F32=triton_interpreting(),
         num_warps=num_warps,
         **flags,
     )
@@ -144,33 +139,16 @@ def pool_scores(qI, w, kv: PagedIndexK, blocks):
     return _launch(_pool_kernel, "pool", qI, w, kv, NB, NB * BLOCK, blocks=(blocks,))
 
 
-def _pad(ids: torch.Tensor, width: int) -> torch.Tensor:
-    if ids.shape[1] == width:
-        return ids
-    out = torch.full((ids.shape[0], width), -1, dtype=ids.dtype, device=ids.device)
-    out[:, : ids.shape[1]] = ids
-    return out
-
-
 def select_blocks(bscores: torch.Tensor, n_blocks: int) -> torch.Tensor:
-    """Top blocks of bscores fp32 [T, NBLK]: int32 [T, n_blocks], -1 for -inf / padding."""
-    if SELECT == "triton":
-        return topk_rows(bscores, n_blocks)
-    k = min(n_blocks, bscores.shape[1])
-    vals, idx = torch.topk(bscores, k, dim=1, sorted=False)
-    ids = torch.where(vals > NEG_INF, idx, torch.full_like(idx, -1)).to(torch.int32)
-    return _pad(ids, n_blocks)
+    """Top blocks of bscores fp32 [T, NBLK]: int32 [T, n_blocks], -1 for -inf / padding
+    (kernels/indexer/select.py)."""
+    return topk_rows(bscores, n_blocks)
 
 
 def select_in_blocks(scores: torch.Tensor, blocks: torch.Tensor, topk: int) -> torch.Tensor:
-    """Top entries of pool scores fp32 [T, NB * 8] over blocks [T, NB]: int32 [T, topk], -1 pad."""
-    if SELECT == "triton":
-        return topk_rows(scores, topk, blocks=blocks)
-    k = min(topk, scores.shape[1])
-    vals, idx = torch.topk(scores, k, dim=1, sorted=False)  # [T, k]
-    ids = blocks.to(torch.int64).gather(1, idx // BLOCK) * BLOCK + idx % BLOCK
-    ids = torch.where(vals > NEG_INF, ids, torch.full_like(ids, -1)).to(torch.int32)
-    return _pad(ids, topk)
+    """Top entries of pool scores fp32 [T, NB * 8] over blocks [T, NB]: int32 [T, topk], -1 pad
+    (kernels/indexer/select.py)."""
+    return topk_rows(scores, topk, blocks=blocks)
 
 
 def full_topk(qI, w, kv: PagedIndexK, geo: IndexerGeometry, group=1):
@@ -195,6 +173,6 @@ def candidate_source(qI, w, kv: PagedIndexK, geo: IndexerGeometry, group=1):
     return select_in_blocks(pool_scores(qI, w, kv, own), own, topk), pool
 
 
-def reindex(qI, w, kv: PagedIndexK, pool, geo: IndexerGeometry):
+def reindex(qI, w, kv: PagedIndexK, pool: torch.Tensor, geo: IndexerGeometry):
     """Reindex: top-k int32 [T, topk] inside pool [T, NB] block ids; O(NB) per query."""
     return select_in_blocks(pool_scores(qI, w, kv, pool), pool, geo.topk)

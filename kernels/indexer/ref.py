@@ -95,7 +95,7 @@ def candidate_source_ref(qI, w, kv: PagedIndexK, geo: IndexerGeometry):
     return ids, blocks
 
 
-def reindex_ref(qI, w, kv: PagedIndexK, pool, geo: IndexerGeometry):
+def reindex_ref(qI, w, kv: PagedIndexK, pool: torch.Tensor, geo: IndexerGeometry):
     """Reindex, mask-and-topk: score every visible entry, mask outside `pool` [T, NB], top-k.
 
     Returns int32 [T, topk], -1 padded. O(N) per query: the baseline the pooled kernels beat.

@@ -218,7 +218,7 @@ def sparse_blocks(pool: torch.Tensor, kv: PagedIndexK, block: int):
     return ids.contiguous(), (ids != INT32_MAX).sum(1).to(torch.int32)
 
 
-def reindex(qI, w, kv: PagedIndexK, pool, geo: IndexerGeometry):
+def reindex(qI, w, kv: PagedIndexK, pool: torch.Tensor, geo: IndexerGeometry):
     """Reindex inside pool int32 [T, NB] -> int32 [T, topk] entry ids, -1 padded; DeepGEMM
     scores only the pool's entries (work independent of the context length)."""
     T = qI.shape[0]

@@ -145,7 +145,7 @@ def block_key(scores, n_visible, block=8, force=True):
     return key
 
 
-def pool_key(scores, pool, block=8):
+def pool_key(scores, pool: torch.Tensor, block=8):
     """Reference scores masked to the pool: fp32 [T, N], -inf outside the pool blocks."""
     from sglang_dsv41.layers.index_math import pool_mask
 

@@ -20,7 +20,7 @@ same way).
 import torch
 from torch import nn
 
-from sglang_dsv41.config import FULL
+from sglang_dsv41.config import FULL, DeepseekV41Config
 from sglang_dsv41.layers.compressor import Compressor
 from sglang_dsv41.layers.dtypes import compute_dtype
 from sglang_dsv41.layers.indexer import Indexer
@@ -32,7 +32,7 @@ from sglang_dsv41.layers.rope import apply_rope, rope_inv_freq
 class MqaAttentionBase(nn.Module):
     attn_dtype: torch.dtype | None = None
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: DeepseekV41Config, layer: int):
         super().__init__()
         self.cfg, self.layer_id = cfg, layer
         self.role, self.ratio = cfg.role(layer), cfg.ratio(layer)

@@ -7,6 +7,7 @@ engram_layer_ids an `engram.*` module (layers/engram.py), applied before the att
 
 from torch import nn
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.attention import MqaAttentionBase
 from sglang_dsv41.layers.engram import Engram
 from sglang_dsv41.layers.ffn import build_ffn
@@ -15,7 +16,7 @@ from sglang_dsv41.layers.norm import RMSNorm
 
 
 class Block(nn.Module):
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: DeepseekV41Config, layer: int):
         super().__init__()
         self.layer_id = layer
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

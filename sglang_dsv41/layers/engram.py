@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.dtypes import upcast
 from sglang_dsv41.layers.linear import stable_linear
 
@@ -130,7 +131,7 @@ def compressed_token_map(tokenizer) -> tuple[Tensor, int]:
     return torch.tensor(table, dtype=torch.int64), len(ids)
 
 
-def build_engram_hasher(cfg, checkpoint_dir=None) -> EngramHasher | None:
+def build_engram_hasher(cfg: DeepseekV41Config, checkpoint_dir=None) -> EngramHasher | None:
     """The model's EngramHasher, or None without engram layers.
 
     The token map comes from `checkpoint_dir/tokenizer.json`; ids past the tokenizer's length
@@ -205,7 +206,9 @@ class EngramHasher(nn.Module):
     forward(input_ids [T], positions [T]) -> int64 [T, n_engram_layers, (n-1) * heads].
     """
 
-    def __init__(self, cfg, token_map: Tensor, compressed_vocab: int | None = None):
+    def __init__(
+        self, cfg: DeepseekV41Config, token_map: Tensor, compressed_vocab: int | None = None
+    ):
         super().__init__()
         vc = int(token_map.max()) + 1 if compressed_vocab is None else compressed_vocab
         if vc != cfg.engram_compressed_vocab_size:
@@ -277,7 +280,7 @@ class Engram(nn.Module):
     q_weight [S, d], k_weight [S, d].
     forward(H [T, S, d], rows int64 [T, (n-1) * heads]) -> fp32 [T, S, d]."""
 
-    def __init__(self, cfg, layer_id: int):
+    def __init__(self, cfg: DeepseekV41Config, layer_id: int):
         super().__init__()
         idx = list(cfg.engram_layer_ids).index(layer_id)
         S, d, hd = cfg.hc_mult, cfg.hidden_size, cfg.engram_head_dim

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.dtypes import compute_dtype, upcast
 from sglang_dsv41.layers.linear import Linear, stable_linear
 
@@ -44,7 +45,7 @@ def router_scores(logits: torch.Tensor, func: str) -> torch.Tensor:
 
 
 class Gate(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg: DeepseekV41Config):
         super().__init__()
         self.weight = nn.Parameter(
             torch.randn(cfg.n_routed_experts, cfg.hidden_size) * cfg.hidden_size**-0.5
@@ -64,7 +65,7 @@ class Gate(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg: DeepseekV41Config):
         super().__init__()
         hid, inter = cfg.hidden_size, cfg.moe_intermediate_size
         self.gate = Gate(cfg)
@@ -98,7 +99,7 @@ class MoE(nn.Module):
         return out.to(x.dtype)
 
 
-def build_ffn(cfg, layer: int) -> nn.Module:
+def build_ffn(cfg: DeepseekV41Config, layer: int) -> nn.Module:
     if cfg.n_routed_experts and layer >= cfg.first_k_dense_replace:
         return MoE(cfg)
     return Expert(cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit)

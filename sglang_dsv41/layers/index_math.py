@@ -12,6 +12,7 @@ block id).
 
 import torch
 
+from sglang_dsv41.kv.pages import entries_visible
 from sglang_dsv41.layers.linear import stable_linear
 
 NEG_INF = float("-inf")
@@ -31,8 +32,8 @@ def head_sum(w: torch.Tensor, dots: torch.Tensor) -> torch.Tensor:
 
 
 def visible_mask(pos: torch.Tensor, ratio: int, n: int) -> torch.Tensor:
-    """bool [T, n]: entry s is visible at position pos when s < (pos + 1) // ratio."""
-    vis = (pos + 1) // ratio  # [T]
+    """bool [T, n]: entry s is visible at position pos when s < entries_visible(pos, ratio)."""
+    vis = entries_visible(pos, ratio)  # [T]
     return torch.arange(n, device=pos.device)[None, :] < vis[:, None]
 
 

@@ -9,6 +9,7 @@ RoPE uses the layer's compressed-rope tables; entry j of a ratio-r layer sits at
 import torch
 from torch import nn
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.linear import Linear
 from sglang_dsv41.layers.norm import RMSNorm
 from sglang_dsv41.layers.quant import quant_index
@@ -16,14 +17,14 @@ from sglang_dsv41.layers.rope import apply_rope
 
 
 class Indexer(nn.Module):
-    def __init__(self, cfg, layer: int, owns_keys: bool):
+    def __init__(self, cfg: DeepseekV41Config, layer: int, owns_keys: bool):
         super().__init__()
         self.n_heads, self.head_dim = cfg.index_n_heads, cfg.index_head_dim
         self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim)
         self.weights_proj = Linear(cfg.hidden_size, self.n_heads)
         self.wk = Linear(cfg.head_dim, self.head_dim) if owns_keys else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if owns_keys else None
-        self.w_scale = self.head_dim**-0.5 * self.n_heads**-0.5
+        self.w_scale = cfg.index_weight_scale
 
     def queries(self, q_lora: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, inv_freq):
         """q_lora [T, q_lora], x [T, hidden], pos [T] -> (qI fp32 [T, HI, DI], w fp32 [T, HI])."""

@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.dtypes import upcast
 from sglang_dsv41.layers.linear import stable_linear
 
@@ -140,7 +141,8 @@ def hc_sublayer(
 
 
 class MhcResidual:
-    """The mHC residual behind the interface of `layers.residual.PlainResidual`.
+    """The mHC residual behind the interface of `layers.residual.PlainResidual`
+    (`layers.protocols.Residual`).
 
     State: (H [T, S, d] in the embedding's dtype, pre fp32 [T, S] or None). A block holds
     `hc_attn_*` and `hc_ffn_*` (add_hc_params) beside `attn_norm` / `ffn_norm`. The sublayer
@@ -148,7 +150,7 @@ class MhcResidual:
     from the same H (step 1 does not depend on y) and carries this hyper-connection's pre on.
     """
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: DeepseekV41Config):
         self.S = cfg.hc_mult
         self.kw = dict(iters=cfg.hc_sinkhorn_iters, hc_eps=cfg.hc_eps, rms_eps=cfg.rms_norm_eps)
 

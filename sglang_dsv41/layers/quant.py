@@ -9,6 +9,7 @@ real records reads back exactly these values.
 
 import torch
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.kv.records import Layout, fake_quant
 
 
@@ -16,7 +17,7 @@ def quant_swa_kv(x: torch.Tensor) -> torch.Tensor:
     return fake_quant(Layout.V41, x.float())
 
 
-def quant_main_kv(cfg, x: torch.Tensor) -> torch.Tensor:
+def quant_main_kv(cfg: DeepseekV41Config, x: torch.Tensor) -> torch.Tensor:
     return fake_quant(cfg.main_kv_layout, x.float())
 
 

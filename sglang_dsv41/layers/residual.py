@@ -4,11 +4,15 @@
     x = attn_norm(h); h = h + attn(x); x = ffn_norm(h); h = h + ffn(x); final: h.
 The state is a tensor whose first dim is tokens, so callers may keep a subset of rows
 (`select`), as bounded replay does for the decoder tail. The released model's mHC streams
-(hc_mult > 1, `layers.mhc.MhcResidual`) provide the same interface. `inject` lets an Engram
-layer rewrite the streams before the layer's attention mixing ([T, S, d] with S = 1 here).
+(hc_mult > 1, `layers.mhc.MhcResidual`) provide the same interface, `layers.protocols.Residual`.
+`inject` lets an Engram layer rewrite the streams before the layer's attention mixing
+([T, S, d] with S = 1 here).
 """
 
 import torch
+
+from sglang_dsv41.config import DeepseekV41Config
+from sglang_dsv41.layers.protocols import Residual
 
 
 class PlainResidual:
@@ -39,7 +43,7 @@ class PlainResidual:
         return state
 
 
-def build_residual(cfg):
+def build_residual(cfg: DeepseekV41Config) -> Residual:
     if cfg.hc_mult == 1:
         return PlainResidual()
     from sglang_dsv41.layers.mhc import MhcResidual

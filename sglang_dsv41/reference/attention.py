@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_dsv41.config import FULL
+from sglang_dsv41.kv.pages import entries_visible
 from sglang_dsv41.layers.index_math import (
     candidate_blocks,
     index_scores,
@@ -17,6 +18,7 @@ from sglang_dsv41.layers.index_math import (
     topk_indices,
     visible_mask,
 )
+from sglang_dsv41.layers.protocols import Attention
 from sglang_dsv41.layers.quant import quant_main_kv, quant_swa_kv
 from sglang_dsv41.layers.sparse_attention import sparse_attention
 from sglang_dsv41.layers.window import swa_window
@@ -24,10 +26,14 @@ from sglang_dsv41.layers.window import swa_window
 
 @dataclass
 class SharedState:
-    main_kv: dict = field(default_factory=dict)  # kv source -> fp32 [n, D] record values
-    index_k: dict = field(default_factory=dict)  # kv source -> fp32 [n, DI] record values
-    topk: dict = field(default_factory=dict)  # index source -> int64 [T, TOPK], -1 padded
-    pool: dict = field(default_factory=dict)  # "mask" -> bool [T, n] for the decoder rows
+    """main_kv / index_k: kv source -> fp32 [n, D] / [n, DI] record values; topk: index source
+    -> int64 [T, TOPK], -1 padded; pool_mask: bool [T, n], the candidate pool of the decoder
+    rows (None before the candidate source ran)."""
+
+    main_kv: dict[int, torch.Tensor] = field(default_factory=dict)
+    index_k: dict[int, torch.Tensor] = field(default_factory=dict)
+    topk: dict[int, torch.Tensor] = field(default_factory=dict)
+    pool_mask: torch.Tensor | None = None
 
 
 def swa_slots(pos: torch.Tensor, window: int, floor: int):
@@ -39,7 +45,7 @@ def swa_slots(pos: torch.Tensor, window: int, floor: int):
     return (kpos - pos[0]).clamp_min(0), ok
 
 
-def compress_full_layer(attn, x_all: torch.Tensor, state: SharedState) -> None:
+def compress_full_layer(attn: Attention, x_all: torch.Tensor, state: SharedState) -> None:
     """A Full layer writes its main KV and index K from its attention input over all tokens.
 
     x_all [L, hidden] from position 0. Entries j < L // r at positions j r.
@@ -52,7 +58,7 @@ def compress_full_layer(attn, x_all: torch.Tensor, state: SharedState) -> None:
 
 
 def select_topk(
-    attn, x: torch.Tensor, q_lora: torch.Tensor, pos: torch.Tensor, state: SharedState
+    attn: Attention, x: torch.Tensor, q_lora: torch.Tensor, pos: torch.Tensor, state: SharedState
 ) -> torch.Tensor:
     """Run this layer's indexer (Full / Reindex) -> top-k int64 [T, TOPK], -1 padded."""
     cfg, i = attn.cfg, attn.layer_id
@@ -62,18 +68,23 @@ def select_topk(
     scores = index_scores(qI, w, k)  # [T, n]
     allowed = visible_mask(pos, attn.ratio, n)
     if cfg.uses_candidates(i):
-        allowed = allowed & state.pool["mask"]
+        allowed = allowed & state.pool_mask
     if i == cfg.candidate_source_layer_id:
-        visible = (pos + 1) // attn.ratio
+        visible = entries_visible(pos, attn.ratio)  # [T]
         blocks = candidate_blocks(
             scores, visible, cfg.candidate_block_size, cfg.candidate_topk_blocks
         )
-        state.pool["mask"] = pool_mask(blocks, n, cfg.candidate_block_size)
+        state.pool_mask = pool_mask(blocks, n, cfg.candidate_block_size)
     return topk_indices(scores, allowed, cfg.index_topk)
 
 
 def attention_layer(
-    attn, x: torch.Tensor, pos: torch.Tensor, swa_floor: int, state: SharedState, x_all=None
+    attn: Attention,
+    x: torch.Tensor,
+    pos: torch.Tensor,
+    swa_floor: int,
+    state: SharedState,
+    x_all: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One attention sublayer over consecutive rows.
 

@@ -20,7 +20,7 @@ import os
 import torch
 from torch import nn
 
-from sglang_dsv41.config import FULL, DeepseekV41Config
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.block import Block
 from sglang_dsv41.layers.dtypes import upcast
 from sglang_dsv41.layers.linear import Linear
@@ -39,12 +39,6 @@ class ReferenceModel(nn.Module):
         self.head = Linear(cfg.hidden_size, cfg.vocab_size)
         self.residual = build_residual(cfg)
         self.engram_hasher = None  # built on first use (identity map) or by from_pretrained
-        for i in range(cfg.decoder_start + 1, cfg.num_hidden_layers):
-            if cfg.role(i) == FULL:
-                self._late_decoder_full = i  # replay needs the decoder kv source first
-                break
-        else:
-            self._late_decoder_full = None
 
     @classmethod
     def from_pretrained(cls, path: str, dtype=torch.float32) -> ReferenceModel:
@@ -85,11 +79,8 @@ class ReferenceModel(nn.Module):
         """
         cfg, L = self.cfg, input_ids.shape[0]
         F = int(replay_floor)
-        if F and self._late_decoder_full is not None:
-            raise ValueError(
-                f"bounded replay needs the decoder's kv source at layer "
-                f"{cfg.decoder_start}; layer {self._late_decoder_full} is also Full"
-            )
+        if F and (err := cfg.replay_error()):
+            raise err
         pos_all = torch.arange(L)
         state = self.residual.init(self.embed(input_ids))
         hash_rows = self._engram_rows(input_ids, pos_all)  # [L, n_engram_layers, cols] or None
@@ -130,7 +121,8 @@ class ReferenceModel(nn.Module):
         return self.engram_hasher(input_ids, pos)
 
     def replay_floor_for(self, prompt_len: int, replay: bool) -> int:
-        return max(0, prompt_len - self.cfg.sliding_window) if replay else 0
+        """The replay floor of a prompt (`DeepseekV41Config.replay_floor`), 0 without replay."""
+        return self.cfg.replay_floor(prompt_len) if replay else 0
 
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens: int, replay: bool = True, stop_ids=()) -> list:

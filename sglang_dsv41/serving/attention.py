@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import torch
 
-from sglang_dsv41.config import FULL
+from sglang_dsv41.config import FULL, DeepseekV41Config
 from sglang_dsv41.kernels import indexer as kidx
 from sglang_dsv41.kernels.args import IndexerGeometry, PagedIndexK, SparseKV
 from sglang_dsv41.kernels.sparse_attn import sparse_attention
 from sglang_dsv41.kernels.sparse_attn.ref import decode_records
-from sglang_dsv41.kv.pages import slot_of
+from sglang_dsv41.kv.pages import entries_visible, slot_of
 from sglang_dsv41.layers.dtypes import compute_dtype
-from sglang_dsv41.serving.context import BatchContext, Rows, part_of
+from sglang_dsv41.layers.protocols import Attention
+from sglang_dsv41.serving.buffers import RecordBuffers
+from sglang_dsv41.serving.context import BatchContext, Rows
 from sglang_dsv41.serving.stores import compress, write_swa
 
 
@@ -45,7 +47,14 @@ def page_table(ctx: BatchContext, page: int) -> torch.Tensor:
     return table
 
 
-def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.Tensor:
+def select_topk(
+    attn: Attention,
+    x: torch.Tensor,
+    q_lora: torch.Tensor,
+    rows: Rows,
+    ctx: BatchContext,
+    pool: RecordBuffers,
+) -> torch.Tensor:
     """Index source (Full / Reindex): top-k int64 [T, TOPK] entry ids (-1 padded, order
     unspecified) of these rows; the candidate source also leaves its pool in ctx.shared."""
     cfg, i = attn.cfg, attn.layer_id
@@ -55,7 +64,7 @@ def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.T
         index_k=pool.index_k[src],
         page_table=page_table(ctx, pool.page),
         req_ids=rows.req.to(torch.int32),
-        n_visible=((rows.pos + 1) // attn.ratio).to(torch.int32),
+        n_visible=entries_visible(rows.pos, attn.ratio).to(torch.int32),
         page_size=pool.page // cfg.ratio(src),  # entries per page
         split_pages=False,
     )
@@ -72,7 +81,9 @@ def select_topk(attn, x, q_lora, rows: Rows, ctx: BatchContext, pool) -> torch.T
     return out.long()
 
 
-def topk_slots(cfg, isrc: int, rows: Rows, ctx: BatchContext, pool) -> torch.Tensor:
+def topk_slots(
+    cfg: DeepseekV41Config, isrc: int, rows: Rows, ctx: BatchContext, pool: RecordBuffers
+) -> torch.Tensor:
     """int32 [T, TOPK]: the rows' top-k entries of index source `isrc` as rows of its kv
     source's main-KV buffer (-1 padded). Mapped once per forward over every batch row; the
     source's Reuse layers read the same."""
@@ -88,7 +99,7 @@ def topk_slots(cfg, isrc: int, rows: Rows, ctx: BatchContext, pool) -> torch.Ten
     return slots if rows.n == ctx.rows.n else slots[rows.ids]
 
 
-def topk_decoded(attn, kv: torch.Tensor, top: torch.Tensor, ctx: BatchContext):
+def topk_decoded(attn: Attention, kv: torch.Tensor, top: torch.Tensor, ctx: BatchContext):
     """CPU: the records of `top` (the layer's rows' top-k slots in kv, from `topk_slots`) as
     kernels.args.DecodedRecords, decoded once per forward for each part and index source and
     shared by the layers that read them (the index source and its Reuse layers: same rows and
@@ -97,15 +108,22 @@ def topk_decoded(attn, kv: torch.Tensor, top: torch.Tensor, ctx: BatchContext):
     if top.device.type != "cpu":
         return None
     cfg = attn.cfg
-    key = f"{part_of(attn)}:{cfg.index_source_of(attn.layer_id)}"
-    got = ctx.shared.topk_decoded.get(key)
+    decoded = ctx.shared.part(attn).topk_decoded
+    isrc = cfg.index_source_of(attn.layer_id)
+    got = decoded.get(isrc)
     if got is None:
-        got = decode_records(kv, top, cfg.main_kv_layout, cfg.head_dim)
-        ctx.shared.topk_decoded[key] = got
+        got = decoded[isrc] = decode_records(kv, top, cfg.main_kv_layout, cfg.head_dim)
     return got
 
 
-def attend(attn, q, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
+def attend(
+    attn: Attention,
+    q: torch.Tensor,
+    rows: Rows,
+    ctx: BatchContext,
+    pool: RecordBuffers,
+    swa: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
     """Sparse attention of q fp32 [T, H, D] over the SWA window `swa` = write_swa's (cache,
     slots) and, for compressed layers, the top-k entries of the layer's index source in its kv
     source, plus the sink: o [T, H, D] in q's dtype (fp32; fp64 for fp64 q: the twin check), or
@@ -127,13 +145,13 @@ def attend(attn, q, rows: Rows, ctx: BatchContext, pool, swa) -> torch.Tensor:
 
 
 def attention_layer(
-    attn,
-    x,
+    attn: Attention,
+    x: torch.Tensor,
     rows: Rows,
     ctx: BatchContext,
-    pool,
+    pool: RecordBuffers,
     floor: torch.Tensor,
-    x_all=None,
+    x_all: torch.Tensor | None = None,
     rows_all: Rows | None = None,
 ) -> torch.Tensor:
     """x [T, hidden] attention input of `rows` -> [T, hidden].

@@ -1,17 +1,12 @@
 """Attention views: the served attention's interface over weights held elsewhere.
 
-The cached attention path (`serving.attention.attention_layer`) reads from its `attn`:
-    cfg, layer_id, role, ratio, scale, inv_freq, attn_sink, n_heads, head_dim
-    query(x, pos) -> (q fp32 [T, H, D] with RoPE, q_lora)      wkv(x), kv_norm (.weight, .eps)
-    compressor.project(x) -> (c, z), compressor.pool(cg, zg)   (Full layers)
-    indexer.queries(q_lora, x, pos, inv_freq) -> (qI, w), indexer.wk, indexer.k_norm
-    output(o, pos) -> [T, hidden]
-    attn_dtype, attention_in(q)   the sparse attention's I/O dtype (None = fp32, or bf16)
-`AttentionView` presents exactly that, with the formulas taken from `layers/` unchanged (its
-methods *are* `MqaAttentionBase.query/attention_in/swa_kv/main_kv/output`,
-`Compressor.project/pool`, `Indexer.queries/keys`), over projections that are any callables
-`x -> x W^T`: a dense weight here (`Dense`), SGLang's quantized parallel linears in
-`sglang/intree_adapter.py`.
+The cached attention path (`serving.attention.attention_layer`) reads its `attn` through the
+`layers.protocols.Attention` protocol (with `CompressorPart` / `IndexerPart` for the role
+parts). `AttentionView` implements it with the formulas taken from `layers/` unchanged (its
+methods *are* `MqaAttentionBase.query/attention_in/attention_out/swa_kv/main_kv/output`,
+`Compressor.project/pool/latents`, `Indexer.queries/keys`), over projections that are any
+callables `x -> x W^T`: a dense weight here (`Dense`), SGLang's quantized parallel linears in
+`serving/intree_adapter.py`.
 
 Tensor parallelism by heads (`local_heads`): rank r of `tp` owns heads `head_slice(H, tp, r)`
 (H / tp consecutive heads, their sink logits and their wq_b rows) and output groups
@@ -24,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_dsv41.config import FULL
+from sglang_dsv41.config import FULL, DeepseekV41Config
 from sglang_dsv41.layers.attention import MqaAttentionBase
 from sglang_dsv41.layers.compressor import Compressor
 from sglang_dsv41.layers.indexer import Indexer
@@ -69,10 +64,12 @@ class IndexerView:
     queries = Indexer.queries
     keys = Indexer.keys
 
-    def __init__(self, cfg, wq_b, weights_proj, wk=None, k_norm: Norm | None = None):
+    def __init__(
+        self, cfg: DeepseekV41Config, wq_b, weights_proj, wk=None, k_norm: Norm | None = None
+    ):
         self.n_heads, self.head_dim = cfg.index_n_heads, cfg.index_head_dim
         self.wq_b, self.weights_proj, self.wk, self.k_norm = wq_b, weights_proj, wk, k_norm
-        self.w_scale = self.head_dim**-0.5 * self.n_heads**-0.5
+        self.w_scale = cfg.index_weight_scale
 
 
 class AttentionView:
@@ -86,13 +83,14 @@ class AttentionView:
     compute_dtype = torch.float32  # the float64 twin check runs the torch model, not a view
     query = MqaAttentionBase.query
     attention_in = MqaAttentionBase.attention_in
+    attention_out = MqaAttentionBase.attention_out
     swa_kv = MqaAttentionBase.swa_kv
     main_kv = MqaAttentionBase.main_kv
     output = MqaAttentionBase.output
 
     def __init__(
         self,
-        cfg,
+        cfg: DeepseekV41Config,
         layer: int,
         *,
         n_heads: int,

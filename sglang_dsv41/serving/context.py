@@ -18,13 +18,8 @@ from sglang_dsv41.layers.rope import RopeAngles, rope_cos_sin
 
 if TYPE_CHECKING:
     from sglang_dsv41.kernels.args import DecodedRecords
+    from sglang_dsv41.layers.protocols import Attention
     from sglang_dsv41.serving.stores import PoolWindow, RingPlan
-
-
-def part_of(attn) -> str:
-    """The layer's part, decoder (from cfg.decoder_start on; its rows may be a replay subset) or
-    encoder: the layers of a part see the same rows and floors within a forward."""
-    return "decoder" if attn.layer_id >= attn.cfg.decoder_start else "encoder"
 
 
 @dataclass
@@ -68,6 +63,27 @@ class Rows:
 
 
 @dataclass
+class PartShared:
+    """What is the same for every layer of one part within a forward: the encoder layers, or the
+    decoder layers (from cfg.decoder_start on; their rows may be a replay subset). The layers of
+    a part see the same rows and floors.
+
+    swa_window    the SWA-pool layers' window slots and destinations (serving.stores.PoolWindow)
+    ring_plan     the ring layers' reads and writes (serving.stores.RingPlan; decoder, replay on)
+    rope_swa, rope_compressed   RopeAngles of the part's rows for each kind of layer (inv_freq
+                  depends only on whether the layer compresses: layers.rope.rope_inv_freq)
+    topk_decoded  index source layer -> the top-k records of the part's rows decoded once (CPU:
+                  kernels.args.DecodedRecords, serving.attention.topk_decoded)
+    """
+
+    swa_window: PoolWindow | None = None
+    ring_plan: RingPlan | None = None
+    rope_swa: RopeAngles | None = None
+    rope_compressed: RopeAngles | None = None
+    topk_decoded: dict[int, DecodedRecords] = field(default_factory=dict)
+
+
+@dataclass
 class ForwardShared:
     """What source layers hand their consumers within one forward (rows = batch rows).
 
@@ -76,32 +92,31 @@ class ForwardShared:
                 the rows that read it (-1 padded); the source's Reuse layers read the same
     candidates  int32 [T_batch, NB] candidate pool block ids of the candidate source (-1 padded)
     page_table  int32 [B, n_pages] page ids of the batch's requests (serving.attention)
-    swa_window  "encoder" / "decoder" -> the SWA-pool layers' window slots and destinations
-                (serving.stores.PoolWindow), shared by the layers of that part (same rows, floors)
-    ring_plan   the ring layers' reads and writes (serving.stores.RingPlan), shared likewise
-    rope        "part:kind" -> RopeAngles of the part's rows (see `angles`)
-    topk_decoded  "part:index source" -> the top-k records of the part's rows decoded once
-                (CPU: kernels.args.DecodedRecords, serving.attention.topk_decoded)
+    encoder, decoder   what the layers of each part share (PartShared; `part`)
     """
 
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
     topk_slots: dict[int, torch.Tensor] = field(default_factory=dict)
     candidates: torch.Tensor | None = None
     page_table: torch.Tensor | None = None
-    swa_window: dict[str, PoolWindow] = field(default_factory=dict)
-    ring_plan: RingPlan | None = None
-    rope: dict[str, RopeAngles] = field(default_factory=dict)
-    topk_decoded: dict[str, DecodedRecords] = field(default_factory=dict)
+    encoder: PartShared = field(default_factory=PartShared)
+    decoder: PartShared = field(default_factory=PartShared)
 
-    def angles(self, attn, rows: Rows) -> RopeAngles:
+    def part(self, attn: Attention) -> PartShared:
+        """The shared state of the layer's part (decoder from cfg.decoder_start on)."""
+        return self.decoder if attn.cfg.is_decoder(attn.layer_id) else self.encoder
+
+    def angles(self, attn: Attention, rows: Rows) -> RopeAngles:
         """RoPE angles of `rows` under the layer's inv_freq, computed once per forward for each
-        part (encoder / decoder rows) and kind (inv_freq depends only on whether the layer
-        compresses: layers.rope.rope_inv_freq)."""
-        key = f"{part_of(attn)}:{'compressed' if attn.ratio else 'swa'}"
-        got = self.rope.get(key)
-        if got is None:
-            got = self.rope[key] = RopeAngles(*rope_cos_sin(rows.pos, attn.inv_freq))
-        return got
+        part and kind of layer (PartShared)."""
+        part = self.part(attn)
+        if attn.ratio:
+            if part.rope_compressed is None:
+                part.rope_compressed = RopeAngles(*rope_cos_sin(rows.pos, attn.inv_freq))
+            return part.rope_compressed
+        if part.rope_swa is None:
+            part.rope_swa = RopeAngles(*rope_cos_sin(rows.pos, attn.inv_freq))
+        return part.rope_swa
 
 
 @dataclass

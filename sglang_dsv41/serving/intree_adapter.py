@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.rope import rope_inv_freq
 from sglang_dsv41.serving.attention_view import (
     AttentionView,
@@ -94,7 +95,7 @@ def _norm(module, eps: float, dense: bool) -> Norm:
     return Norm(module.weight.float() if dense else module.weight, eps)
 
 
-def adapt(layer, cfg, dense: bool = False) -> AttentionView:
+def adapt(layer, cfg: DeepseekV41Config, dense: bool = False) -> AttentionView:
     """AttentionView over in-tree `layer` (an MQALayer built from cfg; see the module docstring).
 
     The layer's attention-TP rank and size pick its heads and output groups; KV, compressor and

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import torch
 
+from sglang_dsv41.layers.protocols import LayerStack
 from sglang_dsv41.serving import engram_history
 from sglang_dsv41.serving.attention import attention_layer
+from sglang_dsv41.serving.buffers import RecordBuffers
 from sglang_dsv41.serving.context import BatchContext
 
 
-def run_layers(model, input_ids: torch.Tensor, ctx: BatchContext, pool) -> torch.Tensor:
-    """model: has cfg, embed, layers (Blocks), norm, residual, engram_hasher. input_ids int64 [T]
+def run_layers(
+    model: LayerStack, input_ids: torch.Tensor, ctx: BatchContext, pool: RecordBuffers
+) -> torch.Tensor:
+    """model: the oracle's or the served torch model (LayerStack). input_ids int64 [T]
     (the batch rows in order) -> final normed hidden states [T, hidden] (zeros for rows dropped
     by replay)."""
     cfg = model.cfg
@@ -42,7 +46,7 @@ def run_layers(model, input_ids: torch.Tensor, ctx: BatchContext, pool) -> torch
             state = model.residual.select(state, keep.nonzero().flatten())
             rows = rows.select(keep)
             floors = floors[keep]
-        floor = floors if i >= cfg.decoder_start else torch.zeros_like(floors)
+        floor = floors if cfg.is_decoder(i) else torch.zeros_like(floors)
         x = model.residual.attn_input(state, block)
         y = attention_layer(block.attn, x, rows, ctx, pool, floor, x_all, rows_all)
         if rows.n == 0:

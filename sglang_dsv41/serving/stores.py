@@ -14,12 +14,15 @@ import torch
 
 from sglang_dsv41.kernels.kv_store import store_index_k, store_latent, store_records
 from sglang_dsv41.kernels.sparse_attn import swa_window_slots
+from sglang_dsv41.kv.pages import entry_of, entry_written_at
 from sglang_dsv41.kv.records import Layout
+from sglang_dsv41.layers.protocols import Attention, NormOp, Project
 from sglang_dsv41.layers.window import swa_window
-from sglang_dsv41.serving.context import BatchContext, Rows, part_of
+from sglang_dsv41.serving.buffers import RecordBuffers
+from sglang_dsv41.serving.context import BatchContext, Rows
 
 
-def _normed_input(lin, norm, x):
+def _normed_input(lin: Project, norm: NormOp, x: torch.Tensor):
     """(rows, norm weight or None): fuse the RMSNorm into the store for fp32 projections (the
     kernel then rounds exactly like `norm(lin(x)).float()`); bf16 ones are normed here, because
     the layers apply RoPE after `.float()` while a bf16 store would round after RoPE too."""
@@ -29,7 +32,14 @@ def _normed_input(lin, norm, x):
     return norm(y).float(), None
 
 
-def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor):
+def write_swa(
+    attn: Attention,
+    x: torch.Tensor,
+    rows: Rows,
+    ctx: BatchContext,
+    pool: RecordBuffers,
+    floor: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Store the rows' SWA records (V41) and return what attention reads:
     (cache uint8 [S, 528], slots int32 [T, W]); row t at p sees the window of
     `layers.window.swa_window(p, W, floor)`, slots oldest first, -1 outside.
@@ -42,18 +52,18 @@ def write_swa(attn, x, rows: Rows, ctx: BatchContext, pool, floor: torch.Tensor)
     i, W = attn.layer_id, attn.cfg.sliding_window
     kv, w = _normed_input(attn.wkv, attn.kv_norm, x)
     rope = dict(norm_weight=w, eps=attn.kv_norm.eps, angles=ctx.shared.angles(attn, rows))
+    part = ctx.shared.part(attn)
     if pool.swa[i] is not None:
-        part = part_of(attn)
-        plan = ctx.shared.swa_window.get(part)
+        plan = part.swa_window
         if plan is None:  # the same rows and floors for every SWA-pool layer of the part
-            plan = ctx.shared.swa_window[part] = PoolWindow.of(rows, ctx, pool, W, floor)
+            plan = part.swa_window = PoolWindow.of(rows, ctx, pool, W, floor)
         store_records(kv, pool.swa[i], plan.dst, Layout.V41, **rope)
         return pool.swa[i], plan.slots
     ring = pool.ring[i]  # [R, Wr, B]
     Wr = ring.shape[1]
-    plan = ctx.shared.ring_plan
+    plan = part.ring_plan
     if plan is None:  # the same rows and floors for every ring layer (the decoder's)
-        plan = ctx.shared.ring_plan = RingPlan.of(rows, ctx, W, floor, Wr)
+        plan = part.ring_plan = RingPlan.of(rows, ctx, W, floor, Wr)
     Bn, B, T, dev = ctx.batch_size, ring.shape[-1], rows.n, kv.device
     scratch = torch.empty(Bn * Wr + T, B, dtype=torch.uint8, device=dev)
     scratch[: Bn * Wr] = ring[ctx.req_pool].view(Bn * Wr, B)
@@ -72,7 +82,9 @@ class PoolWindow:
     dst: torch.Tensor
 
     @classmethod
-    def of(cls, rows: Rows, ctx: BatchContext, pool, W: int, floor: torch.Tensor) -> PoolWindow:
+    def of(
+        cls, rows: Rows, ctx: BatchContext, pool: RecordBuffers, W: int, floor: torch.Tensor
+    ) -> PoolWindow:
         rp = ctx.req_pool[rows.req]  # [T]
         full = swa_window_slots(ctx.req_to_token, rp, rows.pos, W, floor)  # [T, W]
         slots = pool.swa_slot_of(full).to(torch.int32)
@@ -123,13 +135,15 @@ class RingPlan:
 
 def _pairs(rows: Rows, r: int):
     """Per row: (completes an entry, the row before it is the same request's previous row)."""
-    done = (rows.pos + 1) % r == 0
+    done = entry_written_at(rows.pos, r)
     prev_same = torch.zeros_like(done)
     prev_same[1:] = rows.req[1:] == rows.req[:-1]
     return done, prev_same
 
 
-def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
+def compress(
+    attn: Attention, x: torch.Tensor, rows: Rows, ctx: BatchContext, pool: RecordBuffers
+) -> None:
     """Full layer: write the main-KV and index-K entries completed by these rows (ratio 1 or 2;
     at ratio 2 each request's even-position tokens of its last K entries wait in
     pool.pending[layer][request slot, entry % K], where a later forward's first row finds its
@@ -161,7 +175,7 @@ def compress(attn, x, rows: Rows, ctx: BatchContext, pool) -> None:
         pend[dst, (rows.pos // 2) % K] = torch.stack((c, z), 1)
     else:
         cg, zg = c[:, None], None
-    entry_pos = rows.pos // r * r
+    entry_pos = entry_of(rows.pos, r) * r  # the entry's RoPE position
     rows_at = pool.entry_rows(i, ctx.req_to_token[rp, entry_pos].long())
     dst = torch.where(done, rows_at, torch.full_like(rows_at, -1))
     if c.device.type == "cpu":  # no graphs to keep static: only the completing rows go on

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.dtypes import compute_dtype, upcast
+from sglang_dsv41.layers.protocols import LayerStack
 from sglang_dsv41.serving.buffers import RecordBuffers
 from sglang_dsv41.serving.context import BatchContext, build_rows, decode_context, slots_bound
 from sglang_dsv41.serving.layer_loop import run_layers
@@ -24,7 +26,14 @@ class ToyEngine:
     """Slot table + shuffled page allocators + one forward per `step` (SGLang's part)."""
 
     def __init__(
-        self, model, max_len=512, n_pages=2048, seed=0, replay=False, device="cpu", max_requests=8
+        self,
+        model: LayerStack,
+        max_len=512,
+        n_pages=2048,
+        seed=0,
+        replay=False,
+        device="cpu",
+        max_requests=8,
     ):
         self.model, self.cfg, self.dev = model, model.cfg, torch.device(device)
         slots = n_pages * PAGE
@@ -176,7 +185,7 @@ def serve(engine, prompts, new, chunk=None, floors=None, logits_out=None):
     return outs
 
 
-def toy_model(cfg=None, seed: int = 0):
+def toy_model(cfg: DeepseekV41Config | None = None, seed: int = 0):
     """The oracle's model with random weights (default: the tiny preset) and sinks drawn away from
     zero, so the sink's term shows in every test that uses it."""
     from sglang_dsv41.config import preset

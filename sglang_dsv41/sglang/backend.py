@@ -123,7 +123,3 @@ class DSV41AttnBackend(AttentionBackend):
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
-
-
-def create_backend(model_runner):
-    return DSV41AttnBackend(model_runner)

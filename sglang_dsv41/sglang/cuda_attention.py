@@ -26,20 +26,28 @@ import torch
 from sglang.srt.model_executor.forward_context import get_attn_backend
 from sglang.srt.models.deepseek_v4 import MQALayer
 
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.serving.attention import attention_layer
+from sglang_dsv41.serving.attention_view import AttentionView
 from sglang_dsv41.serving.intree_adapter import WoB, adapt
 
 
 class DSV41CudaAttention(MQALayer):
     served_by = "sglang_dsv41"
 
-    def __init__(self, *args, dsv41_cfg, attn_dtype=None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        dsv41_cfg: DeepseekV41Config,
+        attn_dtype: torch.dtype | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.dsv41_cfg, self.attn_dtype = dsv41_cfg, attn_dtype
         self.freqs_cis = self.freqs_cis[:0].clone()  # a view would keep the table alive
         self._view = None
 
-    def view(self):
+    def view(self) -> AttentionView:
         """The adapter over this layer's modules (built on first use, after weights load)."""
         if self._view is None:
             self._view = adapt(self, self.dsv41_cfg)
@@ -73,7 +81,7 @@ class DSV41CudaAttention(MQALayer):
             )
         if rows.n == 0 and x_all is None:
             return x
-        if i >= cfg.decoder_start:
+        if cfg.is_decoder(i):
             floor = ctx.row_floors(rows)
         else:
             floor = torch.zeros(rows.n, dtype=torch.int64, device=rows.req.device)

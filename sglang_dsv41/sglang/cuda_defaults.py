@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 
+from sglang_dsv41.config import DeepseekV41Config
+
 logger = logging.getLogger(__name__)
 
 INTREE_DECODE_GRAPHS_VERIFIED = False
@@ -68,7 +70,7 @@ def check_graph_flags(cfg) -> None:
     )
 
 
-def check_sm90_expert_width(cfg, tp: int, ep: int) -> None:
+def check_sm90_expert_width(cfg: DeepseekV41Config, tp: int, ep: int) -> None:
     """Raise naming the flag when SGLang's SM90 FP4 MoE runner cannot take the shapes."""
     width = cfg.moe_intermediate_size * ep // tp
     if cfg.hidden_size % 128 or width % 128:

@@ -25,10 +25,11 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 
+import torch
 from sglang.srt.models import deepseek_v4 as intree
 from sglang.srt.runtime_context import get_exec
 
-from sglang_dsv41.config import ConfigError
+from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.sglang.cuda_attention import DSV41CudaAttention
 from sglang_dsv41.sglang.intree_config import intree_config, intree_quant_config
 from sglang_dsv41.sglang.options import (
@@ -41,7 +42,9 @@ from sglang_dsv41.sglang.options import (
 logger = logging.getLogger(__name__)
 
 
-def decoder_layer_class(base, cfg, attn_dtype=None):
+def decoder_layer_class(
+    base: type, cfg: DeepseekV41Config, attn_dtype: torch.dtype | None = None
+) -> type:
     """`base` (SGLang's decoder-layer class) whose attention is DSV41CudaAttention for `cfg`,
     its sparse attention's I/O in `attn_dtype` (None = fp32)."""
 
@@ -52,7 +55,7 @@ def decoder_layer_class(base, cfg, attn_dtype=None):
 
 
 @contextmanager
-def build_scope(cfg, options: ServingOptions):
+def build_scope(cfg: DeepseekV41Config, options: ServingOptions):
     """While the in-tree model builds: our decoder-layer class and the replay flag."""
     base = intree.DeepseekV4DecoderLayer
     intree.DeepseekV4DecoderLayer = decoder_layer_class(base, cfg, options.attn_dtype)
@@ -61,17 +64,6 @@ def build_scope(cfg, options: ServingOptions):
             yield
     finally:
         intree.DeepseekV4DecoderLayer = base
-
-
-def check_replay_geometry(cfg) -> None:
-    """SGLang's tail starts at the last kv source; ours at the first decoder layer."""
-    last = max(cfg.kv_source_layer_ids)
-    if last != cfg.decoder_start:
-        raise ConfigError(
-            f"kv_source_layer_ids: the last kv source is layer {last}, decoder SWA bounded "
-            f"replay on the in-tree model needs it at the first decoder layer "
-            f"{cfg.decoder_start}"
-        )
 
 
 class DeepseekV41ForCausalLM(intree.DeepseekV4ForCausalLM):
@@ -86,8 +78,9 @@ class DeepseekV41ForCausalLM(intree.DeepseekV4ForCausalLM):
         cfg = config.dsv41()
         options = ServingOptions.from_server(cfg, attn_default=INTREE_ATTN_DEFAULT)
         replay = options.replay
-        if replay:
-            check_replay_geometry(cfg)
+        # SGLang's in-tree layer loop starts the replay tail at the last kv source
+        if replay and (err := cfg.replay_error(tail_at_last_kv_source=True)):
+            raise err
         with build_scope(cfg, options):
             super().__init__(intree_config(cfg), intree_quant_config(cfg), prefix)
         self.dsv41_cfg, self.dsv41_hf_config, self.options = cfg, config, options

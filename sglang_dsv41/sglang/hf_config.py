@@ -43,6 +43,9 @@ class DeepseekV41HFConfig(PretrainedConfig):
     """
 
     model_type = MODEL_TYPE
+    # (values, config) of the last `dsv41()`: a slot, so that transformers' `to_dict`, `__eq__`
+    # and JSON serialization (which walk `__dict__`) never see it
+    __slots__ = ("_dsv41_parsed",)
 
     def __init__(self, **kwargs):
         values = kwargs.pop("dsv41_values", None)
@@ -65,12 +68,16 @@ class DeepseekV41HFConfig(PretrainedConfig):
     def dsv41(self) -> DeepseekV41Config:
         """The validated core config (raises ConfigError naming field and layer). Core fields
         set on this object after loading (SGLang's --json-model-override-args) take precedence
-        over the checkpoint's values."""
+        over the checkpoint's values. Parsed once per distinct set of values: every caller gets
+        the same object until a core field changes (treat it as read-only)."""
         values = dict(self.dsv41_values)
         for name in _CORE_FIELDS:
             if name in self.__dict__ and name not in _WITHHELD:
                 values[name] = self.__dict__[name]
-        return DeepseekV41Config.from_dict(values)
+        parsed = getattr(self, "_dsv41_parsed", None)
+        if parsed is None or parsed[0] != values:
+            parsed = self._dsv41_parsed = (values, DeepseekV41Config.from_dict(values))
+        return parsed[1]
 
 
 _CORE_FIELDS = tuple(

@@ -17,7 +17,7 @@ import logging
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_dsv41.sglang.hf_config import ARCH
-from sglang_dsv41.sglang.options import ServingOptions, served
+from sglang_dsv41.sglang.options import served
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def _build_pool(original, self, *, sizes, req_to_token_pool, **kwargs):
     from sglang_dsv41.sglang.pool import DSV41KVPool
 
     return DSV41KVPool(
-        ServingOptions.from_server(self.model_config.hf_config.dsv41()),
+        self.model.options,  # built once, by the model (loaded before the pool)
         size=sizes.full_max_total_num_tokens,
         swa_size=sizes.swa_max_total_num_tokens,
         page_size=self.pool_page_size,

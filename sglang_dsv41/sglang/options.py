@@ -2,14 +2,15 @@
 
     replay   decoder SWA bounded replay (server flag --enable-decoder-swa-bounded-replay, default
              on; --no-enable-decoder-swa-bounded-replay turns it off), where the config supports
-             it (every kv source at or before the first decoder layer, docs/design.md 2.5)
+             it (`DeepseekV41Config.replay_error`, docs/design.md 2.5)
     attn_dtype   the sparse attention's queries and output (`MqaAttentionBase.attn_dtype`):
              environment variable SGLANG_DSV41_ATTN_DTYPE = fp32 (None: the exact path) or
              bf16 (the bf16 kernels, as SGLang's V4 attention); unset, the model's default:
              bf16 for the in-tree CUDA model (released checkpoints on GPUs), fp32 for the
              pure-torch model (CPU serving, the oracle's twin)
 
-The model builds its options and hands them to the pool and backend. SGLang's scheduler hooks
+The model builds its options once (`model.options`); the pool sizing and the pool read them
+off the model SGLang loaded before them, and the backend off the pool. SGLang's scheduler hooks
 (the radix-match cap on a `Req`) run in the same process but see only the request, so the
 model also registers its options here; that registration is the only module-level state.
 """
@@ -37,7 +38,8 @@ class ServingOptions:
     @classmethod
     def from_server(cls, cfg: DeepseekV41Config, attn_default: str = "fp32") -> ServingOptions:
         """attn_default: the model's attention I/O mode when the environment names none."""
-        return cls(cfg, replay_flag() and replay_supported(cfg), attn_dtype(attn_default))
+        replay = replay_flag() and cfg.replay_error() is None
+        return cls(cfg, replay, attn_dtype(attn_default))
 
     @property
     def attn_mode(self) -> str:
@@ -45,12 +47,12 @@ class ServingOptions:
         return attn_mode_name(self.attn_dtype)
 
     def replay_floor(self, prompt_len: int, wants_prompt_logprobs: bool = False) -> int:
-        """Decoder SWA floor of a request: max(0, prompt - window) with replay, else 0.
+        """Decoder SWA floor of a request: `DeepseekV41Config.replay_floor` with replay, else 0.
         Requests that ask for prompt logprobs run the full forward (every prompt row gets its
         exact logits); output logprobs do not change the floor."""
         if not self.replay or wants_prompt_logprobs:
             return 0
-        return max(0, prompt_len - self.cfg.sliding_window)
+        return self.cfg.replay_floor(prompt_len)
 
     def floor_of(self, req) -> int:
         """Replay floor of an SGLang scheduler `Req`."""
@@ -85,11 +87,6 @@ def attn_dtype(default: str = "fp32", env=os.environ) -> torch.dtype | None:
 def attn_mode_name(dtype: torch.dtype | None) -> str:
     """An attention I/O dtype by its name in ATTN_DTYPES (None -> fp32, bf16)."""
     return next(k for k, v in ATTN_DTYPES.items() if v == dtype)
-
-
-def replay_supported(cfg: DeepseekV41Config) -> bool:
-    """Replay needs every decoder kv source at the first decoder layer (docs/design.md 2.5)."""
-    return all(s <= cfg.decoder_start for s in cfg.kv_source_layer_ids)
 
 
 _SERVED: ServingOptions | None = None

@@ -33,7 +33,7 @@ SGLANG_MAX_REQUESTS = 4096  # the most request slots SGLang picks without --max-
 
 class DSV41PoolConfigurator(MemoryPoolConfigurator):
     def __init__(self, kvc):
-        options = ServingOptions.from_server(kvc.model_config.hf_config.dsv41())
+        options: ServingOptions = kvc.model.options  # built once, by the model
         self.geometry = PoolGeometry(options.cfg, options.replay, served_verify_width())
         self.window = options.cfg.sliding_window
         self.context_len = int(kvc.model_config.context_len)

@@ -41,7 +41,8 @@ from pathlib import Path
 import torch
 
 from sglang_dsv41.config import REINDEX, REUSE
-from sglang_dsv41.layers.index_math import index_scores, topk_indices
+from sglang_dsv41.kv.pages import entries_visible
+from sglang_dsv41.layers.index_math import index_scores, topk_indices, visible_mask
 from sglang_dsv41.reference.attention import SharedState
 from sglang_dsv41.tools.cli import cli_parser
 
@@ -100,7 +101,7 @@ def _share(chosen: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 def _dense_mass(q, main, pos, ratio, scale):
     """q [R, H, D], main [n, D], pos [R] -> (mass fp32 [R, n], visible bool [R, n])."""
     n = main.shape[0]
-    visible = torch.arange(n)[None, :] < ((pos + 1) // ratio)[:, None]  # [R, n]
+    visible = visible_mask(pos, ratio, n)  # [R, n]
     logits = torch.einsum("rhd,nd->rhn", q.float(), main.float()) * scale  # [R, H, n]
     logits = logits.masked_fill(~visible[:, None, :], float("-inf"))
     probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # rows with no entry -> 0
@@ -127,7 +128,7 @@ def layer_metrics(model, state: SharedState, cap: QueryCapture, layer: int) -> d
         k = state.index_k[cfg.source_layer_of(layer)]
         scores = index_scores(qi, w, k)  # [R, n]
         free = topk_indices(scores, visible[:, : k.shape[0]], cfg.index_topk)
-        pool = state.pool["mask"][pos]  # [R, n]
+        pool = state.pool_mask[pos]  # [R, n]
         kept = pool.gather(1, free.clamp_min(0)) & (free >= 0)
         out["pool_recall"] = kept.sum(-1) / (free >= 0).sum(-1).clamp_min(1)
         # the served top-k is the top-k inside the pool: it must lie in the pool
@@ -192,7 +193,7 @@ def run(model_dir: str, contexts: list, rows: int = 16, prompts: str | None = No
         for i in global_layers:
             m = per_layer[i]
             sel = (m["pos"] >= c - rows) & (m["pos"] < c)
-            n_vis = float(((m["pos"][sel] + 1) // cfg.ratio(i)).float().mean())
+            n_vis = float(entries_visible(m["pos"][sel], cfg.ratio(i)).float().mean())
             row = {"context": c, "layer": i, "role": cfg.role(i), "visible_entries": n_vis}
             for name in ("pool_recall", "reuse_overlap", "attn_mass"):
                 if name in m:

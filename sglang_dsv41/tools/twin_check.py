@@ -65,7 +65,6 @@ def served_steps(model, prompts, new, replay, device, chunk, in_flight) -> list[
     """The serving path's greedy steps for every prompt, `in_flight` requests per engine."""
     from sglang_dsv41.serving.toy import ToyEngine, serve
 
-    W = model.cfg.sliding_window
     out = []
     for g in range(0, len(prompts), in_flight):
         group = prompts[g : g + in_flight]
@@ -74,7 +73,7 @@ def served_steps(model, prompts, new, replay, device, chunk, in_flight) -> list[
         eng = ToyEngine(
             model, max_len, pages, replay=replay, device=device, max_requests=len(group)
         )
-        floors = [max(0, len(p) - W) for p in group] if replay else None
+        floors = [model.cfg.replay_floor(len(p)) for p in group] if replay else None
         rows = [[] for _ in group]
         serve(eng, group, new, chunk=chunk, floors=floors, logits_out=rows)
         out += [[step_record(r) for r in req] for req in rows]

@@ -11,13 +11,13 @@ from sglang_dsv41.serving.context import ForwardShared
 
 
 def snapshot(shared: ForwardShared) -> ForwardShared:
-    """A copy whose dicts are its own (the tensors are never written in place)."""
+    """A copy whose dicts and parts are its own (the tensors are never written in place)."""
     return dataclasses.replace(
         shared,
         topk=dict(shared.topk),
         topk_slots=dict(shared.topk_slots),
-        swa_window=dict(shared.swa_window),
-        rope=dict(shared.rope),
+        encoder=dataclasses.replace(shared.encoder),
+        decoder=dataclasses.replace(shared.decoder),
     )
 
 

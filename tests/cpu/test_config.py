@@ -147,3 +147,46 @@ def test_engram_validation(changes, field, layer):
     assert msg.startswith(field), msg
     if layer is not None:
         assert f"(layer {layer})" in msg, msg
+
+
+def _late_decoder_source() -> DeepseekV41Config:
+    """tiny with a second decoder kv source (layer 8, after the first decoder layer 6)."""
+    return DeepseekV41Config.from_dict({**tiny(), "kv_source_layer_ids": [1, 3, 6, 8]})
+
+
+def _encoder_sources_only() -> DeepseekV41Config:
+    """tiny whose last kv source (layer 5, ratio 1) is before the first decoder layer 6."""
+    ratios = tiny()["compress_ratios"]
+    return DeepseekV41Config.from_dict(
+        {
+            **tiny(),
+            "compress_ratios": ratios[:5] + [1] + ratios[6:],
+            "kv_source_layer_ids": [1, 3, 5],
+            "index_source_layer_ids": [1, 3, 5, 8, 10],
+            "candidate_source_layer_id": 5,
+        }
+    )
+
+
+def test_replay_rule():
+    """Replay needs every kv source at or before the first decoder layer; a layer loop whose tail
+    starts at the last kv source (SGLang's in-tree loop) needs that source to be the first
+    decoder layer itself."""
+    cfg = DeepseekV41Config.from_dict(tiny())
+    assert cfg.kv_source_layer_ids[-1] == cfg.decoder_start == 6
+    assert cfg.replay_error() is None and cfg.replay_error(tail_at_last_kv_source=True) is None
+    late = _late_decoder_source()
+    for strict in (False, True):
+        err = late.replay_error(tail_at_last_kv_source=strict)
+        assert isinstance(err, ConfigError)
+        assert "kv_source_layer_ids (layer 8)" in str(err) and "decoder layer 6" in str(err)
+    early = _encoder_sources_only()
+    assert early.decoder_start == 6 and early.replay_error() is None
+    err = early.replay_error(tail_at_last_kv_source=True)
+    assert isinstance(err, ConfigError) and "last kv source is layer 5" in str(err)
+
+
+@pytest.mark.parametrize("prompt, floor", [(0, 0), (10, 0), (16, 0), (17, 1), (300, 284)])
+def test_replay_floor(prompt, floor):
+    cfg = DeepseekV41Config.from_dict(tiny())
+    assert cfg.sliding_window == 16 and cfg.replay_floor(prompt) == floor

@@ -379,3 +379,28 @@ def test_registered_backend_builds_the_tail_only_for_the_in_tree_model():
     intree_model.init_late_layer_tail(fb)
     assert torch_model.tail_forward_metadata is None
     assert intree_model.tail_forward_metadata.late_layer_tail.contiguous_start == 24
+
+
+def test_cuda_model_refuses_replay_where_the_in_tree_tail_would_differ(monkeypatch):
+    """SGLang's in-tree loop starts the replay tail at the last kv source, ours at the first
+    decoder layer: with replay on, a config whose last kv source comes before that layer is
+    refused (`DeepseekV41Config.replay_error(tail_at_last_kv_source=True)`) before anything is
+    built; the torch model's rule accepts it."""
+    from sglang_dsv41.config import ConfigError, DeepseekV41Config
+    from sglang_dsv41.presets import tiny
+    from sglang_dsv41.sglang import options
+    from sglang_dsv41.sglang.cuda_model import DeepseekV41ForCausalLM
+    from sglang_dsv41.sglang.hf_config import DeepseekV41HFConfig
+
+    ratios = tiny()["compress_ratios"]
+    values = {
+        **tiny(),
+        "compress_ratios": ratios[:5] + [1] + ratios[6:],
+        "kv_source_layer_ids": [1, 3, 5],
+        "index_source_layer_ids": [1, 3, 5, 8, 10],
+        "candidate_source_layer_id": 5,
+    }
+    monkeypatch.setattr(options, "replay_flag", lambda: True)
+    assert options.ServingOptions.from_server(DeepseekV41Config.from_dict(values)).replay
+    with pytest.raises(ConfigError, match="last kv source is layer 5"):
+        DeepseekV41ForCausalLM(DeepseekV41HFConfig(**values))

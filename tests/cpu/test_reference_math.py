@@ -7,7 +7,7 @@ import torch
 
 from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.attention import MqaAttentionBase
-from sglang_dsv41.layers.compressor import Compressor, stream_groups
+from sglang_dsv41.layers.compressor import Compressor
 from sglang_dsv41.layers.index_math import (
     candidate_blocks,
     index_scores,
@@ -44,24 +44,6 @@ def test_compressor_ratio1_is_norm_of_projection(cfg):
     assert comp.wgate is None
     x = torch.randn(5, cfg.hidden_size)
     torch.testing.assert_close(comp.latents(x), comp.norm(x @ comp.wkv.weight.T))
-
-
-@pytest.mark.parametrize("chunks", [[7], [1, 1, 1, 1, 1, 1, 1], [3, 4], [2, 5], [1, 2, 3, 1]])
-def test_stream_groups_pending_token_matches_whole_sequence(cfg, chunks):
-    comp = Compressor(cfg, 1)
-    x = torch.randn(sum(chunks), cfg.hidden_size)
-    want = comp.latents(x)
-    got, ids, pending, start = [], [], None, 0
-    for n in chunks:
-        c, z = comp.project(x[start : start + n])
-        cg, zg, eid, pending = stream_groups(2, start, c, z, pending)
-        if cg.shape[0]:
-            got.append(comp.pool(cg, zg))
-            ids.append(eid)
-        start += n
-    torch.testing.assert_close(torch.cat(got), want)
-    assert torch.cat(ids).tolist() == list(range(want.shape[0]))
-    assert pending is not None and pending[0].shape[0] == 1  # token at position 6 waits
 
 
 def test_index_scores_brute_force():

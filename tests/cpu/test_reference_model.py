@@ -121,3 +121,17 @@ def test_cli_rejects_bad_input(tiny_dir):
 
 def test_meta_construction_matches_eager(tiny_dir):
     assert isinstance(load_reference(tiny_dir), ReferenceModel)
+
+
+def test_replay_refused_where_the_config_forbids_it():
+    """A kv source after the first decoder layer: the full forward runs, replay is refused with
+    the config's reason (`DeepseekV41Config.replay_error`)."""
+    from sglang_dsv41.config import ConfigError, DeepseekV41Config
+    from sglang_dsv41.presets import tiny
+
+    cfg = DeepseekV41Config.from_dict({**tiny(), "kv_source_layer_ids": [1, 3, 6, 8]})
+    late = ReferenceModel(cfg).eval()
+    ids = _ids(40, 6)
+    assert not torch.isnan(late(ids)).any()
+    with pytest.raises(ConfigError, match=r"kv_source_layer_ids \(layer 8\)"):
+        late(ids, replay_floor=cfg.replay_floor(len(ids)))

@@ -40,8 +40,11 @@ def test_hf_config_keeps_arch_and_values():
 
 def test_hf_config_override_args_reach_core():
     c = DeepseekV41HFConfig(**_released(tiny()))
+    first = c.dsv41()
+    assert c.dsv41() is first  # parsed once, not on every call
     c.kv_cache_dtype_main = "fp8"  # what --json-model-override-args does
-    assert c.dsv41().kv_cache_dtype_main == "fp8"
+    assert c.dsv41().kv_cache_dtype_main == "fp8" and first.kv_cache_dtype_main == "fp4"
+    assert c.dsv41() is c.dsv41() and "_dsv41_parsed" not in c.to_dict()
 
 
 def test_hf_config_invalid_names_field_and_layer():
@@ -154,3 +157,18 @@ def test_attention_dtype_option_from_environment():
     cfg = preset("tiny")
     assert ServingOptions(cfg, False).attn_mode == "fp32"
     assert ServingOptions(cfg, False, torch.bfloat16).attn_mode == "bf16"
+
+
+def test_replay_option_follows_the_config_rule():
+    """Replay is on by default where the config allows it (`DeepseekV41Config.replay_error`),
+    off where it does not; the floor is the config's."""
+    from sglang_dsv41.config import DeepseekV41Config
+    from sglang_dsv41.sglang.options import ServingOptions
+
+    cfg = preset("tiny")
+    on = ServingOptions.from_server(cfg)
+    assert on.replay and on.replay_floor(300) == cfg.replay_floor(300) == 284
+    assert on.replay_floor(300, wants_prompt_logprobs=True) == 0
+    late = DeepseekV41Config.from_dict({**tiny(), "kv_source_layer_ids": [1, 3, 6, 8]})
+    off = ServingOptions.from_server(late)
+    assert not off.replay and off.replay_floor(300) == 0

@@ -67,7 +67,7 @@ def test_capture_is_transparent_and_removed(model):
         assert "query" not in block.attn.__dict__
         if block.attn.indexer is not None:
             assert "queries" not in block.attn.indexer.__dict__
-    assert state.pool["mask"].shape == (70, 70) and sorted(state.topk) == [1, 3, 6, 8, 10]
+    assert state.pool_mask.shape == (70, 70) and sorted(state.topk) == [1, 3, 6, 8, 10]
 
 
 def test_pool_recall_is_what_the_served_topk_keeps(model):
@@ -125,7 +125,7 @@ def test_planted_reindex_layer(model):
     cap.qi[layer] = (pos, qi, torch.ones(1, model.cfg.index_n_heads))
     pool = torch.ones(40, 40, dtype=torch.bool)
     pool[39, 30] = False  # the pool lost the best entry
-    state.pool["mask"] = pool
+    state.pool_mask = pool
     state.topk[layer] = torch.zeros(40, 8, dtype=torch.int64)
     state.topk[layer][39] = torch.tensor([20, 0, 1, 2, 3, 4, 5, 6])  # top-8 inside the pool
     m = layer_metrics(model, state, cap, layer)

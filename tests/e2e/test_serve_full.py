@@ -5,6 +5,8 @@ One server (`--no-enable-decoder-swa-bounded-replay`) for the whole module.
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -25,10 +27,6 @@ def test_plugin_classes_served(server):
     assert "decoder SWA bounded replay off" in log
     assert "dsv41 KV pool:" in log
     assert "type=DeepseekV41ForCausalLM" in log
-    status, info = post(server.url + "/server_info", {}) if False else (None, None)
-    import json
-    import urllib.request
-
     with urllib.request.urlopen(server.url + "/server_info", timeout=30) as r:
         info = json.loads(r.read())
     assert info["attention_backend"] == "dsv41"
