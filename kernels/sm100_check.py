@@ -34,6 +34,7 @@ def _indexer_checks(dev, notes):
     from sglang_dsv41.kernels.args import IndexerGeometry
     from sglang_dsv41.kernels.indexer import ref, sm100
     from sglang_dsv41.kernels.indexer import testing as tt
+    from sglang_dsv41.kv.pages import entries_visible
 
     geo = IndexerGeometry(topk=512, pool_blocks=2048, block=8)
     for name in ("decode", "prefill"):
@@ -43,7 +44,7 @@ def _indexer_checks(dev, notes):
         kw = {}
         if nvis:
             pos = torch.arange(2 * n_max - T, 2 * n_max)
-            kw = dict(lengths=[n_max], n_visible=(pos + 1) // 2)
+            kw = dict(lengths=[n_max], n_visible=entries_visible(pos, 2))
         c = tt.random_case(T, B, n_max, 128, HI=32, device=dev, seed=T, **kw)
         if nvis:
             c["req_ids"].zero_()

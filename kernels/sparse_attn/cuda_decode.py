@@ -28,7 +28,7 @@ import os
 import torch
 import triton
 
-from ..dispatch import log_once
+from ..dispatch import log_once, triton_interpreting
 from .cuda_jit import CudaJitError, Kernel, load_source, nvrtc_version
 from .merge import LOG2E, combine, gdc_wait, pick_splits
 from .variants import Build
@@ -143,7 +143,7 @@ def why_unavailable(device: torch.device) -> str | None:
     builds nothing (a build's own failure: `build_error`)."""
     if device.type != "cuda":
         return "not a CUDA device"
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if triton_interpreting():
         return "TRITON_INTERPRET=1"
     index = _index(device)
     if torch.cuda.get_device_capability(index)[0] != 9:
@@ -167,7 +167,7 @@ def build_error(defines: tuple, device: torch.device) -> str | None:
     never while a CUDA graph is being captured: a capture that comes first runs the shape's
     next choice until an eager call has built it. A build that fails to compile or load is
     logged once; the other builds are not affected."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if device.type != "cuda" or triton_interpreting():
         return why_unavailable(device)
     key = (defines, _index(device))
     if key not in _ERRORS:

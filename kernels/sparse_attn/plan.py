@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 
 import torch
 import triton
 
-from ..dispatch import device_capability
+from ..dispatch import device_capability, triton_interpreting
 from . import cuda_decode, triton_flashmla
 from .cuda_decode import defines_for, group_heads
 from .variants import SPECS, Cuda, FlashMla, Plan, Variant, plan_of
@@ -145,7 +144,7 @@ def plan_for(T: int, H: int, D: int, device: torch.device, exact: bool, cuda: bo
     """The plan for T tokens x H heads x D on device: the first of `choices` that `runs` there;
     `exact`: fp32 q; `cuda` False: no CUDA variant (what a call whose arguments the CUDA kernel
     cannot take runs)."""
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    interpret = triton_interpreting()
     for v in choices(T, H, D, exact, interpret):
         if (cuda or not isinstance(SPECS[v], Cuda)) and runs(v, H, exact, device):
             return _plan(v, H, exact)

@@ -18,11 +18,10 @@ token's entry list is cut over several programs, merged with the sink by `merge.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
+from ..dispatch import triton_interpreting
 from . import cuda_decode, triton_flashmla, triton_workspace
 from .merge import LOG2E, combine, pick_splits
 from .plan import plan_for
@@ -126,7 +125,7 @@ def _launch(q, swa_flat, swa_slots, kv_rows, kv_slots, kv_fmt, attn_sink, scale,
         raise ValueError(f"swa_flat rows must be contiguous records of {D + D // 32} B")
     if TOPK and kv_rows.stride(0) != kv_rows.shape[1]:
         raise ValueError(f"kv rows must be contiguous, got strides {kv_rows.stride()}")
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    interpret = triton_interpreting()
     exact = q.dtype == torch.float32
     ieee = plan.spec.ieee
     exact3 = exact and not ieee
