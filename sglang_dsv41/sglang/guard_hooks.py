@@ -309,9 +309,11 @@ def contract_field(body, error: str, check) -> str:
 
 
 def _contract(original, body, *args, **kwargs):
+    from sglang.srt.entrypoints.http_server import get_global_state
+
     error = original(body, *args, **kwargs)
-    if error is None:
-        return None
+    if error is None or limits_of(get_global_state().tokenizer_manager) is None:
+        return error
     return contract_field(body, error, lambda b: original(b, *args, **kwargs))
 
 
