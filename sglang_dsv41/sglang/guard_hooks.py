@@ -22,8 +22,8 @@
                                              not JSON names the field of its NaN / Infinity),
                                              and request_gate.RequestGate on the app (the body
                                              cap, embedding routes, parser names)
-Before any prompt is tokenized: n and the batch (prompts x n <= --dsv41-max-n), seeds,
-embedding inputs, and a text prompt's length from its probe (request_limits.probe_of).
+Before any prompt is tokenized: n and the batch (prompts x n <= --dsv41-max-n), seeds, stop
+patterns, non-token inputs, and a text prompt's length from its probe (request_limits.probe_of).
 Every hook passes through untouched unless DeepseekV41ForCausalLM is served. The HTTP-side hooks
 are registered in the launcher process only (the one that serves HTTP and tokenizes), so the
 scheduler and detokenizer processes do not import the HTTP server.
@@ -54,12 +54,13 @@ from sglang_dsv41.request_rules import (
     RequestRejected,
     check_count,
     check_fanout,
-    check_no_embedding_inputs,
     check_openai_limits,
     check_prompt,
     check_seed,
     check_seeded_sampling,
+    check_stop_regex,
     check_token_ids,
+    check_token_inputs_only,
     n_of_generate,
     prompts_of_generate,
 )
@@ -118,13 +119,14 @@ def check_before_stream(obj, tokenizer_manager, names: Names) -> None:
     limits = limits_of(tokenizer_manager)
     if limits is None:
         return
-    check_no_embedding_inputs(obj)
+    check_token_inputs_only(obj)
     prompts = prompts_of_generate(obj)
     check_fanout(len(prompts), n_of_generate(obj), limits.caps, names)
     sets = obj.sampling_params if isinstance(obj.sampling_params, list) else [obj.sampling_params]
     for sp in sets:
         if isinstance(sp, dict):
             check_seed(sp.get("sampling_seed"), deterministic_on(), names.seed)
+            check_stop_regex(sp.get("stop_regex"), names.stop_regex)
     for p in prompts:
         if p.ids is None and isinstance(p.text, str):
             p.ids = _tokenized_if_long(p, tokenizer_manager, limits, obj.stream, names)
@@ -220,7 +222,7 @@ def _openai_names(names: Names):
 
 def _score(result, serving, request, *args, **kwargs):
     if limits_of(serving.tokenizer_manager) is not None:
-        check_no_embedding_inputs(request, SCORE_EMBEDDING_INPUTS)
+        check_token_inputs_only(request, SCORE_EMBEDDING_INPUTS)
     return result
 
 

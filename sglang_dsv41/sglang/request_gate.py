@@ -8,7 +8,7 @@
     BODY_CHECKS        routes whose body is judged here (read, then handed on unchanged):
                        /parse_function_call and /separate_reasoning name a known parser (SGLang
                        raises past its own 400 for an unknown one, a 500); /v1/completions and
-                       /v1/chat/completions carry no embedding input (their request models drop
+                       /v1/chat/completions carry no non-token input (their request models drop
                        unknown fields, so `positional_embed_overrides` would be ignored)
 Installed by guard_hooks on SGLang's app when DeepseekV41ForCausalLM is served; SGLang's API-key
 middleware, added after it, runs first.
@@ -24,7 +24,7 @@ from sglang_dsv41.request_limits import (
     check_parser_name,
     embedding_route_message,
 )
-from sglang_dsv41.request_rules import EMBEDDING_INPUTS, RequestRejected, check_no_embedding_inputs
+from sglang_dsv41.request_rules import NON_TOKEN_INPUTS, RequestRejected, check_token_inputs_only
 
 
 def tool_parser_names() -> set:
@@ -52,12 +52,12 @@ def _parser_check(field: str, known: set, lower: bool = False):
 
 
 def _no_embedding_inputs(body: dict) -> None:
-    check_no_embedding_inputs(body, EMBEDDING_INPUTS)
+    check_token_inputs_only(body, NON_TOKEN_INPUTS)
 
 
 # path -> (check of the decoded body, byte strings of which one must occur for it to run)
 def body_checks() -> dict:
-    keys = tuple(f'"{name}"'.encode() for name in EMBEDDING_INPUTS)
+    keys = tuple(f'"{name}"'.encode() for name in NON_TOKEN_INPUTS)
     return {
         "/parse_function_call": (_parser_check("tool_call_parser", tool_parser_names()), None),
         "/separate_reasoning": (

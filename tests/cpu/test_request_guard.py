@@ -263,7 +263,7 @@ def test_openai_zero_limits_refused():
         _rejects(check_openai_limits, SimpleNamespace(**fields), match="must be at least 1")
 
 
-# --- caps, fan-out, batch lists, embedding inputs, seeds ---------------------------------------
+# --- caps, fan-out, batch lists, non-token inputs, stop patterns, seeds ------------------------
 
 
 def test_top_logprobs_capped_by_the_server_then_the_vocabulary():
@@ -343,20 +343,29 @@ def test_batch_lists_accepted():
 
 
 def test_embedding_inputs_refused_by_name():
-    from sglang_dsv41.request_rules import SCORE_EMBEDDING_INPUTS, check_no_embedding_inputs
+    from sglang_dsv41.request_rules import SCORE_EMBEDDING_INPUTS, check_token_inputs_only
 
     for value in ({"a": 1}, [1, 2], "x", 0):
         obj = SimpleNamespace(input_embeds=None, positional_embed_overrides=value)
-        _rejects(check_no_embedding_inputs, obj, match="positional_embed_overrides is not")
-    _rejects(check_no_embedding_inputs, {"input_embeds": [[0.1]]}, match="input_embeds is not")
-    check_no_embedding_inputs(SimpleNamespace(input_embeds=None, positional_embed_overrides=None))
-    check_no_embedding_inputs({"prompt": "x"})
+        _rejects(check_token_inputs_only, obj, match="positional_embed_overrides is not")
+    _rejects(check_token_inputs_only, {"input_embeds": [[0.1]]}, match="input_embeds is not")
+    _rejects(check_token_inputs_only, {"image_data": "x.png"}, match="image_data is not")
+    check_token_inputs_only(SimpleNamespace(input_embeds=None, positional_embed_overrides=None))
+    check_token_inputs_only({"prompt": "x"})
     score = SimpleNamespace(
         embed_override_token_id=None, query_embed_overrides=[[0.1]], item_embed_overrides=None
     )
-    _rejects(
-        check_no_embedding_inputs, score, SCORE_EMBEDDING_INPUTS, match="query_embed_overrides"
-    )
+    _rejects(check_token_inputs_only, score, SCORE_EMBEDDING_INPUTS, match="query_embed_overrides")
+
+
+def test_stop_regex_must_compile():
+    from sglang_dsv41.request_rules import check_stop_regex
+
+    check_stop_regex(None, "stop_regex")
+    check_stop_regex(["a+", r"\d{3}"], "stop_regex")
+    _rejects(check_stop_regex, "(", "sampling_params.stop_regex", match=r"stop_regex = '\(' is not")
+    _rejects(check_stop_regex, ["a", "[b"], "stop_regex", match=r"stop_regex\[1\] = '\[b'")
+    _rejects(check_stop_regex, [3], "stop_regex", match=r"stop_regex\[0\] = 3 must be")
 
 
 @pytest.mark.parametrize(

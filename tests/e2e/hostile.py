@@ -342,6 +342,21 @@ HOSTILE = [
         "sampling_params.max_new_tokens",
     ),
     Case("string-token-id", "/generate", {"input_ids": [5, "6"]}, 400, "input_ids"),
+    Case(
+        "bad-stop-regex",
+        "/generate",
+        _gen([5, 6], sampling_params=_sp(stop_regex="(")),
+        400,
+        "sampling_params.stop_regex = '('",
+    ),
+    Case(
+        "bad-stop-regex-chat",
+        "/v1/chat/completions",
+        _chat(stop_regex=["a", "[b"]),
+        400,
+        "stop_regex[1]",
+    ),  # fmt: skip
+    Case("image-data", "/generate", _gen(text="hi", image_data="x.png"), 400, "image_data"),
     # seeds: this server runs without --enable-deterministic-inference
     Case(
         "seed-generate",
