@@ -111,8 +111,8 @@ def limits_of(tokenizer_manager) -> Limits | None:
 
 
 def check_before_stream(obj, tokenizer_manager, names: Names) -> None:
-    """Every prompt of a GenerateReqInput (not yet normalized), its fan-out, seeds and embedding
-    inputs, then SGLang's own checks of it on a copy, so they too answer 400 before a stream
+    """Every prompt of a GenerateReqInput (not yet normalized), its fan-out, seeds, stop
+    patterns and non-token inputs, then SGLang's own checks of it on a copy, so they too answer 400 before a stream
     starts (and before any prompt is tokenized or fanned out). A text prompt is tokenized here
     only in part (its probe), or, for a stream, whole when its length alone could exceed the
     context (else the tokenizer manager's own check answers before any byte is sent)."""
