@@ -1,4 +1,4 @@
-"""The rules of a request's envelope, judged before any prompt rule can run (pure, no SGLang).
+"""The rules of a request's envelope and of what it carries besides token ids (pure, no SGLang).
 
 body size          at most Caps.max_request_bytes bytes (--dsv41-max-request-bytes); by
                    default 16 bytes per token of context, at least 1 MiB (tiny: 1 MiB,
@@ -13,6 +13,10 @@ parser names       /parse_function_call's tool_call_parser and /separate_reasoni
                    reasoning_parser name a parser SGLang has
 embedding routes   /encode, /classify, /v1/embeddings, /v1/rerank, /v1/classify serve
                    embedding and reward models; this is a generation model
+non-token inputs   positional_embed_overrides, input_embeds, image / video / audio data and
+                   /v1/score's embedding overrides are refused: the model reads token ids
+                   only
+stop_regex         each a Python regular expression
 """
 
 from __future__ import annotations
@@ -113,3 +117,49 @@ def embedding_route_message(path: str) -> str | None:
         f"{path} serves embedding and reward models; DeepseekV41ForCausalLM is a generation "
         "model (use /generate, /v1/completions or /v1/chat/completions)"
     )
+
+
+# Inputs that bypass the token ids: the torch model reads token ids only (its forward takes no
+# input embeddings; vision and audio are not served), so these are refused by name rather than
+# ignored or passed on.
+NON_TOKEN_INPUTS = (
+    "input_embeds",
+    "positional_embed_overrides",
+    "image_data",
+    "video_data",
+    "audio_data",
+)
+SCORE_EMBEDDING_INPUTS = (
+    "embed_override_token_id",
+    "query_embed_overrides",
+    "item_embed_overrides",
+)
+
+
+def check_token_inputs_only(obj, fields=NON_TOKEN_INPUTS) -> None:
+    """Each of `fields` unset (None) on obj (a request object or a dict of its extra fields)."""
+    for name in fields:
+        value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+        if value is not None:
+            raise RequestRejected(
+                f"{name} is not supported: DeepseekV41ForCausalLM reads token ids only "
+                "(leave it out; send text or input_ids)"
+            )
+
+
+def check_stop_regex(patterns, field: str) -> None:
+    """stop_regex (a pattern or a list of them, None = unset): each a Python regular expression
+    (SGLang parses them with `re`'s parser, outside its own error handling)."""
+    if patterns is None:
+        return
+    many = isinstance(patterns, list)
+    for i, pattern in enumerate(patterns if many else [patterns]):
+        where = f"{field}[{i}]" if many else field
+        if not isinstance(pattern, str):
+            raise RequestRejected(f"{where} = {pattern!r} must be a regular expression (a string)")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise RequestRejected(
+                f"{where} = {pattern!r} is not a regular expression: {e}"
+            ) from None

@@ -26,17 +26,13 @@ Rules of a whole request:
     seed               an int64; only with --enable-deterministic-inference (without it SGLang's
                        sampler ignores seeds, so a seeded request is refused rather than
                        answered unseeded); choice k of n samples with choice_seed(seed, k)
-    non-token inputs   positional_embed_overrides, input_embeds, image / video / audio data
-                       and /v1/score's embedding overrides are refused: the model reads token
-                       ids only
-    stop_regex         each a Python regular expression
-The limits of Caps (server flags, sglang/server_flags.py) and the rules of routes that carry no
-prompt (body size, parser names, JSON numbers) are in request_limits.py.
+The limits of Caps (server flags, sglang/server_flags.py), what a request may carry besides
+token ids (non-token inputs, stop patterns) and the rules of its envelope (body size, parser
+names, JSON numbers) are in request_limits.py.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 
@@ -314,52 +310,6 @@ def check_fanout(prompts: int, n, caps: Caps, names: Names) -> None:
             f"{what} asks for {prompts * n} sequences; this server answers at most "
             f"{caps.max_n} per request (--dsv41-max-n)"
         )
-
-
-# Inputs that bypass the token ids: the torch model reads token ids only (its forward takes no
-# input embeddings; vision and audio are not served), so these are refused by name rather than
-# ignored or passed on.
-NON_TOKEN_INPUTS = (
-    "input_embeds",
-    "positional_embed_overrides",
-    "image_data",
-    "video_data",
-    "audio_data",
-)
-SCORE_EMBEDDING_INPUTS = (
-    "embed_override_token_id",
-    "query_embed_overrides",
-    "item_embed_overrides",
-)
-
-
-def check_token_inputs_only(obj, fields=NON_TOKEN_INPUTS) -> None:
-    """Each of `fields` unset (None) on obj (a request object or a dict of its extra fields)."""
-    for name in fields:
-        value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-        if value is not None:
-            raise RequestRejected(
-                f"{name} is not supported: DeepseekV41ForCausalLM reads token ids only "
-                "(leave it out; send text or input_ids)"
-            )
-
-
-def check_stop_regex(patterns, field: str) -> None:
-    """stop_regex (a pattern or a list of them, None = unset): each a Python regular expression
-    (SGLang parses them with `re`'s parser, outside its own error handling)."""
-    if patterns is None:
-        return
-    many = isinstance(patterns, list)
-    for i, pattern in enumerate(patterns if many else [patterns]):
-        where = f"{field}[{i}]" if many else field
-        if not isinstance(pattern, str):
-            raise RequestRejected(f"{where} = {pattern!r} must be a regular expression (a string)")
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise RequestRejected(
-                f"{where} = {pattern!r} is not a regular expression: {e}"
-            ) from None
 
 
 INT64 = 2**63

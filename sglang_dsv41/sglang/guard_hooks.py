@@ -38,7 +38,10 @@ import multiprocessing
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_dsv41.request_limits import (
+    SCORE_EMBEDDING_INPUTS,
     check_probe,
+    check_stop_regex,
+    check_token_inputs_only,
     json_error_message,
     probe_of,
     request_bytes_cap,
@@ -47,7 +50,6 @@ from sglang_dsv41.request_rules import (
     CHAT,
     COMPLETIONS,
     GENERATE,
-    SCORE_EMBEDDING_INPUTS,
     Limits,
     Names,
     Prompt,
@@ -58,9 +60,7 @@ from sglang_dsv41.request_rules import (
     check_prompt,
     check_seed,
     check_seeded_sampling,
-    check_stop_regex,
     check_token_ids,
-    check_token_inputs_only,
     n_of_generate,
     prompts_of_generate,
 )
@@ -112,10 +112,11 @@ def limits_of(tokenizer_manager) -> Limits | None:
 
 def check_before_stream(obj, tokenizer_manager, names: Names) -> None:
     """Every prompt of a GenerateReqInput (not yet normalized), its fan-out, seeds, stop
-    patterns and non-token inputs, then SGLang's own checks of it on a copy, so they too answer 400 before a stream
-    starts (and before any prompt is tokenized or fanned out). A text prompt is tokenized here
-    only in part (its probe), or, for a stream, whole when its length alone could exceed the
-    context (else the tokenizer manager's own check answers before any byte is sent)."""
+    patterns and non-token inputs, then SGLang's own checks of it on a copy, so they too answer
+    400 before a stream starts (and before any prompt is tokenized or fanned out). A text prompt
+    is tokenized here only in part (its probe), or, for a stream, whole when its length alone
+    could exceed the context (else the tokenizer manager's own check answers before any byte is
+    sent)."""
     limits = limits_of(tokenizer_manager)
     if limits is None:
         return

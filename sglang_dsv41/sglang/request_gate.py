@@ -19,12 +19,14 @@ from __future__ import annotations
 import orjson
 
 from sglang_dsv41.request_limits import (
+    NON_TOKEN_INPUTS,
     BodyTooLarge,
     check_body_size,
     check_parser_name,
+    check_token_inputs_only,
     embedding_route_message,
 )
-from sglang_dsv41.request_rules import NON_TOKEN_INPUTS, RequestRejected, check_token_inputs_only
+from sglang_dsv41.request_rules import RequestRejected
 
 
 def tool_parser_names() -> set:

@@ -343,7 +343,7 @@ def test_batch_lists_accepted():
 
 
 def test_embedding_inputs_refused_by_name():
-    from sglang_dsv41.request_rules import SCORE_EMBEDDING_INPUTS, check_token_inputs_only
+    from sglang_dsv41.request_limits import SCORE_EMBEDDING_INPUTS, check_token_inputs_only
 
     for value in ({"a": 1}, [1, 2], "x", 0):
         obj = SimpleNamespace(input_embeds=None, positional_embed_overrides=value)
@@ -359,7 +359,7 @@ def test_embedding_inputs_refused_by_name():
 
 
 def test_stop_regex_must_compile():
-    from sglang_dsv41.request_rules import check_stop_regex
+    from sglang_dsv41.request_limits import check_stop_regex
 
     check_stop_regex(None, "stop_regex")
     check_stop_regex(["a+", r"\d{3}"], "stop_regex")
