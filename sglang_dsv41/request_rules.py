@@ -10,7 +10,7 @@ Rules (one `Prompt` = one prompt of a request, whatever the route):
     token ids          ints in [0, vocab); at least one; fewer than the context length
                        (unless --allow-auto-truncate)
     text               not empty; not given together with input_ids (/generate)
-    top logprobs       0 <= n <= vocab
+    top logprobs       0 <= n <= min(vocab, Caps.max_top_logprobs)
     logprob_start_len  -1 (no prompt logprobs) or in [0, prompt length]
     stop_token_ids     ints in [0, vocab)
     max new tokens     at least 1 on every route; 0 only for a /generate logprob request
@@ -18,6 +18,17 @@ Rules (one `Prompt` = one prompt of a request, whatever the route):
                        SGLang's own scoring API uses it; the OpenAI routes require >= 1
     min_p              0 under --enable-deterministic-inference (SGLang's seeded sampler
                        asserts it away inside the scheduler)
+Rules of a whole request:
+    n                  an int >= 1; prompts x n <= Caps.max_n (the sequences one request fans
+                       out to, each a scheduler request)
+    batch lists        a per-prompt list (sampling_params, return_logprob, ...) has one entry
+                       per prompt; a single prompt takes one sampling_params object
+    seed               an int64; only with --enable-deterministic-inference (without it SGLang's
+                       sampler ignores seeds, so a seeded request is refused rather than
+                       answered unseeded); choice k of n samples with choice_seed(seed, k)
+The limits of Caps (server flags, sglang/server_flags.py), what a request may carry besides
+token ids (non-token inputs, stop patterns) and the rules of its envelope (body size, parser
+names, JSON numbers) are in request_limits.py.
 """
 
 from __future__ import annotations
@@ -29,15 +40,38 @@ class RequestRejected(ValueError):
     """A request this server refuses. SGLang's HTTP layer answers a ValueError with 400."""
 
 
+DEFAULT_MAX_N = 64
+DEFAULT_MAX_TOP_LOGPROBS = 20  # OpenAI's own cap on top_logprobs
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one request may ask for on this server, so that no request stalls the others
+    (server flags in sglang/server_flags.py; request_limits.py has the byte limit's default).
+
+    max_n              sequences one request fans out to: prompts x n
+    max_top_logprobs   top logprobs per token (/generate top_logprobs_num, /v1/completions
+                       logprobs, /v1/chat/completions top_logprobs)
+    max_request_bytes  request body bytes read before any rule runs; 0 = the default for the
+                       served context length (request_limits.default_request_bytes)
+    """
+
+    max_n: int = DEFAULT_MAX_N
+    max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
+    max_request_bytes: int = 0
+
+
 @dataclass(frozen=True)
 class Limits:
     """What the served model accepts. `reserved` = tokens SGLang reserves per request;
-    `auto_truncate` = SGLang's --allow-auto-truncate (long prompts are cut, not refused)."""
+    `auto_truncate` = SGLang's --allow-auto-truncate (long prompts are cut, not refused);
+    `caps` = the server's per-request caps."""
 
     vocab_size: int
     context_len: int
     reserved: int = 0
     auto_truncate: bool = False
+    caps: Caps = Caps()
 
 
 @dataclass(frozen=True)
@@ -49,6 +83,10 @@ class Names:
     max_tokens: str = "sampling_params.max_new_tokens"
     stop_ids: str = "sampling_params.stop_token_ids"
     zero_tokens_for_logprobs: bool = True  # /generate: 0 new tokens with return_logprob
+    n: str = "sampling_params.n"
+    seed: str = "sampling_params.sampling_seed"
+    text: str = "text"
+    stop_regex: str = "sampling_params.stop_regex"
 
 
 GENERATE = Names()
@@ -58,12 +96,20 @@ COMPLETIONS = Names(
     max_tokens="max_tokens",
     stop_ids="stop_token_ids",
     zero_tokens_for_logprobs=False,
+    n="n",
+    seed="seed",
+    text="prompt",
+    stop_regex="stop_regex",
 )
 CHAT = Names(
     top_logprobs="top_logprobs",
     max_tokens="max_tokens",
     stop_ids="stop_token_ids",
     zero_tokens_for_logprobs=False,
+    n="n",
+    seed="seed",
+    text="messages",
+    stop_regex="stop_regex",
 )
 
 
@@ -108,10 +154,21 @@ def check_count(n, upper: int, field: str, what: str) -> None:
         raise RequestRejected(f"{field} = {n!r} must be an integer in [0, {upper}] ({what})")
 
 
+def check_top_logprobs(n, limits: Limits, field: str) -> None:
+    """n: top logprobs per token, in [0, min(vocab, caps.max_top_logprobs)] (None = unset)."""
+    cap = limits.caps.max_top_logprobs
+    if cap < limits.vocab_size:
+        check_count(n, cap, field, "this server's --dsv41-max-top-logprobs")
+    else:
+        check_count(n, limits.vocab_size, field, "the vocabulary size")
+
+
 def check_prompt(p: Prompt, limits: Limits, names: Names = GENERATE) -> None:
     """All rules of the module docstring for one prompt; raises RequestRejected."""
     if p.text is not None and p.text == "":
-        raise RequestRejected(f"text{p.index} is empty: give a prompt of at least one character")
+        raise RequestRejected(
+            f"{names.text}{p.index} is empty: give a prompt of at least one character"
+        )
     if p.ids is not None:
         field = names.prompt + p.index
         if len(p.ids) == 0:
@@ -123,7 +180,7 @@ def check_prompt(p: Prompt, limits: Limits, names: Names = GENERATE) -> None:
                 f"the prompt{p.index} has {n} tokens; the context length is {limits.context_len}, "
                 "so a prompt must have fewer tokens than that"
             )
-    check_count(p.top_logprobs_num, limits.vocab_size, names.top_logprobs, "the vocabulary size")
+    check_top_logprobs(p.top_logprobs_num, limits, names.top_logprobs)
     if p.stop_token_ids is not None:
         check_token_ids(p.stop_token_ids, limits.vocab_size, names.stop_ids)
     start = p.logprob_start_len
@@ -169,6 +226,7 @@ def prompts_of_generate(obj) -> list[Prompt]:
         batch = False
     if batch and not prompts:
         raise RequestRejected("the batch is empty: give at least one prompt")
+    check_batch_lists(obj, len(prompts) if batch else None)
 
     def at(value, i, default):
         if batch and isinstance(value, list):
@@ -186,6 +244,102 @@ def prompts_of_generate(obj) -> list[Prompt]:
         p.logprob_start_len = at(obj.logprob_start_len, i, -1)
         p.top_logprobs_num = at(obj.top_logprobs_num, i, 0)
     return prompts
+
+
+# A /generate field that holds one entry per prompt when it is a list (GenerateReqInput's
+# per-prompt fields; token_ids_logprob only as a list of lists).
+BATCH_FIELDS = (
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_sampling_mask",
+    "sampling_logprobs_mode",
+    "return_hidden_states",
+    "rid",
+    "lora_path",
+    "custom_logit_processor",
+)
+
+
+def check_batch_lists(obj, batch: int | None) -> None:
+    """batch: the number of prompts of a batch, None for one prompt. In a batch every list in
+    BATCH_FIELDS has one entry per prompt (SGLang indexes them per prompt); one prompt takes
+    one sampling_params object, not a list."""
+    if batch is None:
+        if isinstance(obj.sampling_params, list):
+            raise RequestRejected(
+                "sampling_params is a list for a single prompt: give one object (a list holds "
+                "one object per prompt of a batch)"
+            )
+        return
+    for name in BATCH_FIELDS:
+        value = getattr(obj, name, None)
+        if isinstance(value, list) and len(value) != batch:
+            raise RequestRejected(
+                f"{name} has {len(value)} entries for a batch of {batch} prompts: give one "
+                "per prompt, or one value (not a list) for all"
+            )
+    t = getattr(obj, "token_ids_logprob", None)
+    if isinstance(t, list) and t and isinstance(t[0], list) and len(t) != batch:
+        raise RequestRejected(
+            f"token_ids_logprob has {len(t)} lists for a batch of {batch} prompts: give one "
+            "per prompt, or one flat list for all"
+        )
+
+
+def n_of_generate(obj):
+    """The n of a /generate body (SGLang reads it from the first sampling_params of a list)."""
+    sp = obj.sampling_params
+    if isinstance(sp, list):
+        sp = sp[0] if sp else None
+    return sp.get("n", 1) if isinstance(sp, dict) else 1
+
+
+def check_fanout(prompts: int, n, caps: Caps, names: Names) -> None:
+    """n: choices per prompt, an int >= 1; prompts x n: the sequences one request fans out to,
+    at most caps.max_n (each is a scheduler request: an unbounded fan-out queues ahead of
+    every other client's request)."""
+    if n is None:
+        n = 1
+    if not _is_int(n) or n < 1:
+        raise RequestRejected(f"{names.n} = {n!r} must be an integer >= 1 (choices per prompt)")
+    if prompts * n > caps.max_n:
+        what = f"{names.n} = {n}" if prompts == 1 else f"{prompts} prompts x {names.n} = {n}"
+        raise RequestRejected(
+            f"{what} asks for {prompts * n} sequences; this server answers at most "
+            f"{caps.max_n} per request (--dsv41-max-n)"
+        )
+
+
+INT64 = 2**63
+
+
+def check_seed(seed, deterministic: bool, field: str) -> None:
+    """A seed (None = unset) is an int64, honoured only under --enable-deterministic-inference;
+    without it SGLang's sampler ignores seeds, so a seeded request is refused, not answered
+    with unseeded text."""
+    if seed is None:
+        return
+    if not _is_int(seed) or not -INT64 <= seed < INT64:
+        raise RequestRejected(f"{field} = {seed!r} must be an integer in [-2^63, 2^63)")
+    if not deterministic:
+        raise RequestRejected(
+            f"{field} = {seed}: seeds are honoured only when the server runs with "
+            "--enable-deterministic-inference; this one samples unseeded (leave the seed out)"
+        )
+
+
+_GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: consecutive choices' seeds far apart
+
+
+def choice_seed(seed: int, k: int) -> int:
+    """The seed choice k of n samples with: the request's seed for k = 0 (so n = 1 and choice
+    0 of n give the same text), seed + k * golden (mod 2^64, as an int64) after that."""
+    if k == 0:
+        return seed
+    x = (seed + k * _GOLDEN) % 2**64
+    return x - 2**64 if x >= INT64 else x
 
 
 def check_openai_limits(request) -> None:

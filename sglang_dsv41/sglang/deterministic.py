@@ -12,6 +12,11 @@ computes the same hash in torch (`murmur3_32`, the standard MurmurHash3_x86_32 o
 seed, position, token id) and takes the same Gumbel argmax.
 SGLang keeps the radix cache off in this mode for backends it has not been told are
 radix-safe, and so does this plugin (the CUDA path's batch invariance is not shown yet).
+A request with n > 1 is fanned out by SGLang's tokenizer manager into n copies that share one
+SamplingParams, so one seed: n identical choices. The launcher's hook on `_send_one_request`
+gives the k-th copy request_rules.choice_seed(seed, k) (choice 0 keeps the request's seed, so
+it equals the same request with n = 1). Without this mode seeds are refused at the request
+(request_rules.check_seed).
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ _BATCH_INVARIANT = (
     "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode"
 )
 _SEEDED = "sglang.srt.layers.sampler.multinomial_with_seed"
+_SEND_ONE = "sglang.srt.managers.tokenizer_manager.TokenizerManager._send_one_request"
 _M32 = 0xFFFFFFFF
+DEFAULT_SEED = 42  # SGLang's seed for a request that names none (SamplingBatchInfo)
 
 
 def _mul32(a, c: int):
@@ -97,6 +104,42 @@ def _seeded(original, logprobs, seed, positions, *args, **kwargs):
     return original(logprobs, seed, positions, *args, **kwargs)
 
 
+# id(SamplingParams shared by a fan-out's copies) -> (that object, copies sent so far). An entry
+# leaves when its n-th copy is sent; a fan-out cut short leaves one, so the table is bounded.
+_fanouts: dict = {}
+_FANOUTS_KEPT = 1024
+
+
+def next_choice(sp) -> int:
+    """The choice index of the next copy sent with SamplingParams `sp` (0, 1, .., n - 1)."""
+    sent = _fanouts.pop(id(sp), (None, 0))
+    k = sent[1] if sent[0] is sp else 0
+    if k + 1 < sp.n:
+        _fanouts[id(sp)] = (sp, k + 1)
+        while len(_fanouts) > _FANOUTS_KEPT:
+            del _fanouts[next(iter(_fanouts))]
+    return k
+
+
+def _choice_seeds(tokenizer_manager, tokenized_obj, *args, **kwargs):
+    sp = getattr(tokenized_obj, "sampling_params", None)
+    if sp is None or (sp.n or 1) <= 1 or sp.max_new_tokens == 0 or not deterministic_on():
+        return None  # one choice, or the fan-out's prefix-caching request (0 new tokens)
+    archs = getattr(tokenizer_manager.model_config.hf_config, "architectures", None) or []
+    if archs[:1] != [ARCH]:
+        return None
+    import msgspec
+
+    from sglang_dsv41.request_rules import choice_seed
+
+    k = next_choice(sp)
+    if k > 0:
+        seed = DEFAULT_SEED if sp.sampling_seed is None else sp.sampling_seed
+        seeded = msgspec.structs.replace(sp, sampling_seed=choice_seed(seed, k))
+        tokenized_obj.sampling_params = seeded
+    return None
+
+
 def register_deterministic(backend_name: str) -> None:
     import multiprocessing
 
@@ -111,3 +154,5 @@ def register_deterministic(backend_name: str) -> None:
     if multiprocessing.parent_process() is not None:  # the scheduler builds the model runner
         HookRegistry.register(_BATCH_INVARIANT, _batch_invariant, HookType.AROUND)
         HookRegistry.register(_SEEDED, _seeded, HookType.AROUND)
+    else:  # the launcher's tokenizer manager fans out n
+        HookRegistry.register(_SEND_ONE, _choice_seeds, HookType.BEFORE)

@@ -85,9 +85,9 @@ class DSV41KVPool(RecordBuffers, BaseSWAKVPool):
         g = self.geometry
         logger.info(
             "dsv41 KV pool: %d full slots x %.1f B (main KV + index K over kv sources %s), "
-            "%d SWA slots x %d B (V41 records of %d layers), %d request slots x %d B (pending, "
-            "decoder SWA rings of %d layers, Engram tail, floor; room for %d-row verifies) + "
-            "%d B slot table; %.3f GiB allocated (%d B)",
+            "%d SWA slots x %d B (V41 records of %d layers), %d request slots x (%d B of state: "
+            "pending, decoder SWA rings of %d layers, Engram tail, floor; room for %d-row "
+            "verifies; + %d B of SGLang's slot-table row); %.3f GiB allocated (%d B)",
             size,
             g.global_bytes_per_token(),
             g.kv_sources,

@@ -166,7 +166,9 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=2048, help="request slots (default 2048)")
     ap.add_argument("--chunk", type=int, default=8192, help="prefill chunk (default 8192)")
     ap.add_argument("--context-len", type=int, help="slot table row (default: max positions)")
-    ap.add_argument("--page", type=int, default=64, help="page size (default 64)")
+    ap.add_argument(
+        "--page", type=int, default=2, help="page size (default 2, the served page size)"
+    )
     args = ap.parse_args(argv)
     cfg = DeepseekV41Config.from_hf(args.model) if args.model else preset(args.preset)
     rep = report(cfg, replay=not args.no_replay)

@@ -65,8 +65,10 @@ def build_command(argv: list) -> list:
 
 
 def main(argv=None) -> int:
+    from sglang_dsv41.sglang.access import redact_argv
+
     cmd = build_command(sys.argv[1:] if argv is None else argv)
-    print("[serve] " + " ".join(cmd), file=sys.stderr)
+    print("[serve] " + " ".join(redact_argv(cmd)), file=sys.stderr)
     os.execv(cmd[0], cmd)
     return 0
 

@@ -111,7 +111,7 @@ def test_generate_bodies_refused(fields, match):
     [
         dict(input_ids=[5, 6], sampling_params={"max_new_tokens": 4}),
         dict(text="hello", sampling_params={"max_new_tokens": 4}),
-        dict(input_ids=[[5], [6, 7]], top_logprobs_num=[0, 512], return_logprob=True),
+        dict(input_ids=[[5], [6, 7]], top_logprobs_num=[0, 20], return_logprob=True),
         # 0 new tokens is SGLang's prompt-scoring request: allowed with return_logprob
         dict(
             input_ids=[5, 6],
@@ -179,12 +179,68 @@ def test_validation_message_has_no_source_path():
             "msg": "Value error, max_tokens must be positive",
             "input": 0,
         },
-        {"type": "json_invalid", "loc": ("body", 1), "msg": "JSON decode error", "input": {}},
     ]
     msg = validation_message(errors)
-    assert msg == (
-        "max_tokens: Value error, max_tokens must be positive (got 0); 1: JSON decode error"
-    )
+    assert msg == "max_tokens: Value error, max_tokens must be positive (got 0)"
+
+
+@pytest.mark.parametrize(
+    "body,pos,want",
+    [
+        (
+            b'{"text": "a", "sampling_params": {"temperature": NaN}}',
+            49,
+            "temperature = NaN is not a JSON number",
+        ),
+        (b'{"prompt": "a", "top_p": -Infinity}', 26, "top_p = -Infinity is not a JSON number"),
+        (b'{"input_ids": [1, Infinity]}', 18, "input_ids = Infinity is not"),
+        (b"{not json", 1, "the body is not valid JSON at byte 1: unexpected character"),
+    ],
+)
+def test_validation_message_names_the_field_of_a_non_number(body, pos, want):
+    """orjson (SGLang's request decoder) stops at a NaN / Infinity; FastAPI reports only the
+    byte offset ("57: JSON decode error"); the message names the field."""
+    import orjson
+
+    from sglang_dsv41.sglang.guard_hooks import validation_message
+
+    with pytest.raises(orjson.JSONDecodeError) as e:
+        orjson.loads(body)
+    assert e.value.pos == pos
+    err = {
+        "type": "json_invalid",
+        "loc": ("body", pos),
+        "msg": "JSON decode error",
+        "input": {},
+        "ctx": {"error": "unexpected character"},
+    }
+    assert validation_message([err], body).startswith(want)
+
+
+@pytest.mark.parametrize(
+    "body,want",
+    [
+        (
+            {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "4"}},
+            'sampling_params.max_new_tokens: invalid type: string "4", expected an integer',
+        ),
+        ({"input_ids": [1, "2"]}, 'input_ids: invalid type: string "2", expected an integer'),
+        (
+            {"text": "a", "sampling_params": {"temperature": "x"}},
+            "sampling_params.temperature: invalid type: string",
+        ),
+        ({"text": "a", "top_logprobs_num": "3"}, "top_logprobs_num: invalid type"),
+    ],
+)
+def test_contract_errors_name_the_field(body, want):
+    """SGLang's /generate schema check (api_contract) says what is wrong, not where."""
+    from sglang.srt.entrypoints.api_contract import generate_contract_error
+
+    from sglang_dsv41.sglang.guard_hooks import contract_field
+
+    error = generate_contract_error(body)
+    assert error is not None and "expected" in error
+    assert contract_field(body, error, generate_contract_error).startswith(want)
 
 
 def test_limits_only_for_this_architecture():
@@ -205,3 +261,160 @@ def test_openai_zero_limits_refused():
     check_openai_limits(SimpleNamespace(max_tokens=None, max_completion_tokens=3))
     for fields in (dict(max_tokens=0), dict(max_completion_tokens=0), dict(max_tokens=-1)):
         _rejects(check_openai_limits, SimpleNamespace(**fields), match="must be at least 1")
+
+
+# --- caps, fan-out, batch lists, non-token inputs, stop patterns, seeds ------------------------
+
+
+def test_top_logprobs_capped_by_the_server_then_the_vocabulary():
+    from sglang_dsv41.request_rules import Caps
+
+    p = Prompt(ids=[5], top_logprobs_num=21)
+    _rejects(check_prompt, p, LIM, match=r"top_logprobs_num = 21 .*\[0, 20\].*max-top-logprobs")
+    _rejects(check_prompt, p, LIM, COMPLETIONS, match="logprobs = 21")
+    check_prompt(Prompt(ids=[5], top_logprobs_num=20), LIM)
+    wide = Limits(vocab_size=512, context_len=4096, caps=Caps(max_top_logprobs=100000))
+    check_prompt(Prompt(ids=[5], top_logprobs_num=512), wide)
+    _rejects(check_prompt, Prompt(ids=[5], top_logprobs_num=513), wide, match="vocabulary")
+
+
+@pytest.mark.parametrize(
+    "prompts,n,names,match",
+    [
+        (1, 100000, GENERATE, r"sampling_params.n = 100000 asks for 100000 sequences.*at most 64"),
+        (1, 65, COMPLETIONS, r"^n = 65 asks for 65 sequences"),
+        (20000, 1, GENERATE, r"20000 prompts x sampling_params.n = 1 asks for 20000"),
+        (16, 8, CHAT, r"16 prompts x n = 8 asks for 128"),
+        (1, 0, COMPLETIONS, r"n = 0 must be an integer >= 1"),
+        (1, -2, CHAT, r"n = -2 must be"),
+        (1, "2", GENERATE, r"sampling_params.n = '2' must be"),
+        (1, 2.0, GENERATE, r"= 2.0 must be"),
+    ],
+)
+def test_fanout_refused(prompts, n, names, match):
+    from sglang_dsv41.request_rules import Caps, check_fanout
+
+    _rejects(check_fanout, prompts, n, Caps(), names, match=match)
+
+
+def test_fanout_accepted_up_to_the_cap():
+    from sglang_dsv41.request_rules import Caps, check_fanout
+
+    for prompts, n in ((1, None), (1, 64), (64, 1), (8, 8), (2, 3)):
+        check_fanout(prompts, n, Caps(), GENERATE)
+    check_fanout(1, 500, Caps(max_n=500), GENERATE)
+
+
+def test_n_of_generate_reads_sglangs_place():
+    from sglang_dsv41.request_rules import n_of_generate
+
+    assert n_of_generate(_generate(sampling_params={"n": 3})) == 3
+    assert n_of_generate(_generate(sampling_params=[{"n": 4}, {"n": 4}])) == 4
+    assert n_of_generate(_generate()) == 1
+
+
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        (
+            dict(input_ids=[[5], [6], [7]], sampling_params=[{}, {}]),
+            r"sampling_params has 2 entries for a batch of 3 prompts",
+        ),
+        (dict(text=["a", "b"], return_logprob=[True]), r"return_logprob has 1 entries"),
+        (dict(text=["a", "b"], top_logprobs_num=[1, 2, 3]), r"top_logprobs_num has 3 entries"),
+        (dict(text=["a", "b"], rid=["x"]), r"rid has 1 entries"),
+        (dict(input_ids=[[5], [6]], token_ids_logprob=[[1]]), r"token_ids_logprob has 1 lists"),
+        (dict(input_ids=[5], sampling_params=[{}]), r"sampling_params is a list for a single"),
+    ],
+)
+def test_batch_lists_must_match_the_prompts(fields, match):
+    _rejects(prompts_of_generate, _generate(**fields), match=match)
+
+
+def test_batch_lists_accepted():
+    ok = [
+        dict(input_ids=[[5], [6]], sampling_params=[{}, {"max_new_tokens": 3}]),
+        dict(text=["a", "b"], sampling_params={"max_new_tokens": 3}, return_logprob=True),
+        dict(input_ids=[[5], [6]], token_ids_logprob=[1, 2, 3]),
+        dict(input_ids=[5], sampling_params={"n": 2}),
+    ]
+    for fields in ok:
+        prompts_of_generate(_generate(**fields))
+
+
+def test_embedding_inputs_refused_by_name():
+    from sglang_dsv41.request_limits import SCORE_EMBEDDING_INPUTS, check_token_inputs_only
+
+    for value in ({"a": 1}, [1, 2], "x", 0):
+        obj = SimpleNamespace(input_embeds=None, positional_embed_overrides=value)
+        _rejects(check_token_inputs_only, obj, match="positional_embed_overrides is not")
+    _rejects(check_token_inputs_only, {"input_embeds": [[0.1]]}, match="input_embeds is not")
+    _rejects(check_token_inputs_only, {"image_data": "x.png"}, match="image_data is not")
+    check_token_inputs_only(SimpleNamespace(input_embeds=None, positional_embed_overrides=None))
+    check_token_inputs_only({"prompt": "x"})
+    score = SimpleNamespace(
+        embed_override_token_id=None, query_embed_overrides=[[0.1]], item_embed_overrides=None
+    )
+    _rejects(check_token_inputs_only, score, SCORE_EMBEDDING_INPUTS, match="query_embed_overrides")
+
+
+def test_stop_regex_must_compile():
+    from sglang_dsv41.request_limits import check_stop_regex
+
+    check_stop_regex(None, "stop_regex")
+    check_stop_regex(["a+", r"\d{3}"], "stop_regex")
+    _rejects(check_stop_regex, "(", "sampling_params.stop_regex", match=r"stop_regex = '\(' is not")
+    _rejects(check_stop_regex, ["a", "[b"], "stop_regex", match=r"stop_regex\[1\] = '\[b'")
+    _rejects(check_stop_regex, [3], "stop_regex", match=r"stop_regex\[0\] = 3 must be")
+
+
+@pytest.mark.parametrize(
+    "seed,deterministic,match",
+    [
+        (7, False, r"seed = 7: seeds are honoured only .*--enable-deterministic-inference"),
+        (2**63, True, r"seed = 9223372036854775808 must be an integer in \[-2\^63, 2\^63\)"),
+        ("7", True, r"seed = '7' must be an integer"),
+        (True, True, r"seed = True must be an integer"),
+    ],
+)
+def test_seed_refused(seed, deterministic, match):
+    from sglang_dsv41.request_rules import check_seed
+
+    _rejects(check_seed, seed, deterministic, "seed", match=match)
+
+
+def test_seed_accepted():
+    from sglang_dsv41.request_rules import check_seed
+
+    check_seed(None, False, "seed")
+    for seed in (0, 7, -1, -(2**63), 2**63 - 1):
+        check_seed(seed, True, "seed")
+
+
+def test_choice_seeds_differ_and_choice_zero_is_the_request_seed():
+    from sglang_dsv41.request_rules import choice_seed
+
+    for seed in (0, 7, -5, 2**63 - 1, -(2**63)):
+        seeds = [choice_seed(seed, k) for k in range(64)]
+        assert seeds[0] == seed
+        assert len(set(seeds)) == 64
+        assert all(-(2**63) <= s < 2**63 for s in seeds)
+        assert seeds == [choice_seed(seed, k) for k in range(64)]
+
+
+def test_hook_targets_resolve_in_the_installed_sglang():
+    """Every HookRegistry target of these guards names an existing SGLang attribute, so a
+    renamed one fails here rather than silently in a server (HookRegistry only logs it)."""
+    import pkgutil
+
+    from sglang_dsv41.sglang import access, deterministic, guard_hooks, server_flags
+
+    targets = [
+        v
+        for mod in (access, deterministic, guard_hooks, server_flags)
+        for k, v in vars(mod).items()
+        if k.startswith("_") and k.isupper() and isinstance(v, str) and v.startswith("sglang.")
+    ]
+    assert len(targets) >= 14, targets
+    for target in targets:
+        assert pkgutil.resolve_name(target) is not None, target

@@ -171,6 +171,61 @@ def test_entrypoint_is_valid_sh_and_refuses_a_missing_model(tmp_path):
     ep = DOCKER / "entrypoint.sh"
     assert subprocess.run(["sh", "-n", str(ep)]).returncode == 0
     env = {"PATH": "/usr/bin:/bin", "MODEL_PATH": str(tmp_path), "DSV41_DEVICE": "cuda"}
+    env["API_KEY"] = "k"
     r = subprocess.run(["sh", str(ep)], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "config.json" in r.stderr and str(tmp_path) in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _entrypoint(tmp_path, args=(), **env):
+    """Run entrypoint.sh with a stand-in python3 that prints its arguments, one per line:
+    (exit status, the arguments it would have started the server with, stderr)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "python3"
+    stub.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    stub.chmod(0o755)
+    full = {"PATH": f"{bin_dir}:/usr/bin:/bin", "DSV41_DEVICE": "cpu", **env}
+    r = subprocess.run(
+        ["sh", str(DOCKER / "entrypoint.sh"), *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return r.returncode, r.stdout.splitlines(), r.stderr
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_entrypoint_refuses_an_open_port_without_a_key(tmp_path, device):
+    for host in ("0.0.0.0", "::", "10.1.2.3"):
+        rc, argv, err = _entrypoint(tmp_path, DSV41_DEVICE=device, HOST=host)
+        assert rc == 2 and argv == [], (host, argv)
+        assert "API_KEY" in err and "DSV41_ALLOW_NO_API_KEY=1" in err and host in err
+    rc, argv, err = _entrypoint(tmp_path, DSV41_DEVICE=device)  # HOST unset: 0.0.0.0
+    assert rc == 2 and "HOST=0.0.0.0" in err
+
+
+def test_entrypoint_passes_keys_and_serves_loopback_or_when_told(tmp_path):
+    rc, argv, _ = _entrypoint(tmp_path, HOST="0.0.0.0", API_KEY="k1", ADMIN_API_KEY="a1")
+    assert rc == 0 and argv[argv.index("--api-key") + 1] == "k1"
+    assert argv[argv.index("--admin-api-key") + 1] == "a1"
+    assert argv[:2] == ["-m", "sglang_dsv41.tools.serve"] and "0.0.0.0" in argv
+    rc, argv, _ = _entrypoint(tmp_path, ["--api-key", "k2"], HOST="0.0.0.0")
+    assert rc == 0 and argv[-2:] == ["--api-key", "k2"]
+    for host in ("127.0.0.1", "localhost", "::1"):
+        rc, argv, _ = _entrypoint(tmp_path, HOST=host)
+        assert rc == 0 and "--api-key" not in argv and host in argv
+    rc, argv, _ = _entrypoint(tmp_path, HOST="0.0.0.0", DSV41_ALLOW_NO_API_KEY="1")
+    assert rc == 0 and "--api-key" not in argv
+
+
+def test_compose_services_state_their_keys():
+    """The loopback-published CPU service may run without a key (and says so); the GPU
+    service, published on every interface, passes API_KEY and is not allowed to go without."""
+    doc = _compose()
+    cpu, gpu = doc["services"]["dsv41-cpu"], doc["services"]["dsv41-gpu"]
+    assert all(p.startswith("127.0.0.1:") for p in cpu["ports"])
+    assert cpu["environment"]["DSV41_ALLOW_NO_API_KEY"].endswith(":-1}")
+    assert gpu["environment"]["API_KEY"] == "${API_KEY:-}"
+    assert "DSV41_ALLOW_NO_API_KEY" not in gpu["environment"]

@@ -1,6 +1,16 @@
-"""One bad request must never take the server down. Default server (replay on, as the README
-starts it), loopback only, bounded in count and time.
+"""One bad request must never take the server down, stall it for the others, or get a 500.
+Default server (replay on, as the README starts it), loopback only, bounded in count and time.
 
+- The hostile set (tests/e2e/hostile.py): requests that once ended every server process (embedding
+  overrides), stalled it for everyone (n or a batch fanned out unbounded, a 10 MB prompt
+  tokenized, 512 logprobs per token of a 4000-token prompt) or answered 500 (batch lists shorter
+  than the batch, embedding routes, unknown parsers, NaN / Infinity, strings for numbers, seeds
+  the server cannot honour). Each gets its 4xx naming the field while a fixed greedy request
+  sent during it answers within 2 s with the oracle's tokens; requests at the caps are served
+  (a fan-out at the cap within the same 2 s; see hostile.AT_CAPS for prompt logprobs).
+- A second server with every key and the three caps set small, in deterministic mode: admin
+  routes need the admin key, the keys never appear in the log or /server_info, the caps refuse
+  at their flags' values, and the n choices of a seeded request differ and reproduce.
 - The malformed set: token ids outside the vocabulary (flat, nested, negative; /generate and
   /v1/completions, streamed or not), logprob counts above the vocabulary, conflicting fields,
   empty text, max tokens 0, overlong prompts, broken JSON. Each gets a 4xx whose message names
@@ -21,6 +31,7 @@ import time
 import urllib.request
 
 import pytest
+from e2e import hostile
 from e2e.conftest import start_server
 from e2e.server import post
 from hypothesis import HealthCheck, Phase, given, settings
@@ -187,6 +198,135 @@ def test_malformed_requests_get_4xx_naming_the_value(server, fixed):
         status, out, _ = ask(server, path, body)
         assert_clean_4xx(server, status, out, names)
     still_exact(server, fixed)
+
+
+@pytest.fixture(scope="module")
+def hostile_want(oracle):
+    return oracle.generate(hostile.FIXED_IDS, hostile.FIXED_NEW, replay=True)
+
+
+CASES = hostile.HOSTILE + hostile.AT_CAPS
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_hostile_request_answered_while_others_are_served(server, hostile_want, case):
+    """The hostile request gets its status and names its field; the fixed request sent during
+    it answers within the case's limit (hostile.LIMIT_S, 2 s) with the oracle's tokens; the
+    server stays up."""
+    r = hostile.run_case("127.0.0.1", server.port, case)
+    assert server.proc.poll() is None, server.log()[-3000:]
+    assert not r.problems, (r.problems, r.hostile_s, r.fixed_s)
+    assert r.fixed_ids == hostile_want
+    if case.status != 200:
+        assert_clean_4xx(server, r.status, r.answer)
+
+
+# --- keys, caps set by flags, seeded choices -------------------------------------------------
+
+API_KEY, ADMIN_KEY = "k-3f9a0c-api", "k-77d2e1-admin"
+SMALL_CAPS = ("--dsv41-max-n", "4", "--dsv41-max-top-logprobs", "3")
+KEYED_ARGS = (
+    "--api-key",
+    API_KEY,
+    "--admin-api-key",
+    ADMIN_KEY,
+    "--enable-deterministic-inference",
+    *SMALL_CAPS,
+)
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory, tiny_dir):
+    """A server with both keys, deterministic mode, and small caps (the body cap through its
+    environment variable, so both spellings are exercised)."""
+    env = {"SGLANG_DSV41_MAX_REQUEST_BYTES": "4000"}
+    s = start_server(tmp_path_factory, tiny_dir, "faults-keyed", *KEYED_ARGS, env=env)
+    yield s
+    s.stop()
+
+
+def call(server, method: str, path: str, body=None, key: str | None = None):
+    """One request with an optional bearer key -> (status, JSON or text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        conn.request(method, path, None if body is None else json.dumps(body).encode(), headers)
+        r = conn.getresponse()
+        text = r.read().decode(errors="replace")
+    finally:
+        conn.close()
+    try:
+        return r.status, json.loads(text)
+    except ValueError:
+        return r.status, text
+
+
+def test_keys_guard_routes_and_are_never_shown(keyed, fixed):
+    p, want = fixed
+    body = {"input_ids": p, "sampling_params": {"max_new_tokens": N_FIXED, "temperature": 0}}
+    assert call(keyed, "POST", "/generate", body)[0] == 401
+    status, out = call(keyed, "POST", "/generate", body, API_KEY)
+    assert status == 200 and out["output_ids"] == want, out
+    for key in (None, API_KEY):  # the admin routes take the admin key only
+        assert call(keyed, "POST", "/pause_generation", {}, key)[0] == 401
+        assert call(keyed, "POST", "/flush_cache", None, key)[0] == 401
+    assert call(keyed, "POST", "/flush_cache", None, ADMIN_KEY)[0] == 200
+    for path in ("/get_server_info", "/server_info"):
+        status, info = call(keyed, "GET", path, None, API_KEY)
+        assert status == 200 and info["api_key"] == "<redacted>", info.get("api_key")
+        text = json.dumps(info)
+        assert API_KEY not in text and ADMIN_KEY not in text
+    log = keyed.log()
+    assert "server_args=" in log and API_KEY not in log and ADMIN_KEY not in log
+
+
+def test_caps_refuse_at_their_flags(keyed):
+    assert "per request at most 4 sequences" in keyed.log()
+    assert "3 top logprobs per token" in keyed.log() and "4000 body bytes" in keyed.log()
+    cases = [
+        (
+            "/generate",
+            _gen([5, 6], sampling_params={"n": 5, "max_new_tokens": 2}),
+            400,
+            "at most 4",
+        ),
+        ("/generate", _gen([[5], [6], [7]], sampling_params={"n": 2}), 400, "3 prompts x"),
+        ("/v1/completions", _cmp([5, 6], logprobs=4), 400, "logprobs = 4"),
+        ("/generate", _gen([5] * 2000), 413, "at most 4000 bytes"),
+    ]
+    for path, body, status, names in cases:
+        got, out = call(keyed, "POST", path, body, API_KEY)
+        assert got == status and names in json.dumps(out), (path, got, out)
+    status, out = call(keyed, "POST", "/v1/completions", _cmp([5, 6], logprobs=3), API_KEY)
+    assert status == 200 and out["choices"][0]["logprobs"], out
+
+
+def test_seeded_choices_differ_and_reproduce(keyed, prompts):
+    """n copies of one request used to share its seed: n identical choices. Each choice now
+    has its own seed (choice 0 the request's), so the choices differ, and the same request
+    gives the same choices again; choice 0 equals the same request with n = 1."""
+
+    def sample(n, seed=7):
+        params = {"max_new_tokens": 8, "temperature": 1.0, "n": n, "sampling_seed": seed}
+        status, out = call(keyed, "POST", "/generate", _gen(prompts[3], sampling_params=params),
+                           API_KEY)  # fmt: skip
+        assert status == 200, out
+        items = out if isinstance(out, list) else [out]
+        return [item["output_ids"] for item in items]
+
+    four = sample(4)
+    assert len(four) == 4 and len({tuple(c) for c in four}) == 4, four
+    assert sample(4) == four
+    assert sample(1) == four[:1]
+    assert sample(4, seed=8) != four
+    body = {**_cmp("Hello there", n=3, seed=11, temperature=1.0), "max_tokens": 8}
+    texts = [
+        [c["text"] for c in call(keyed, "POST", "/v1/completions", body, API_KEY)[1]["choices"]]
+        for _ in range(2)
+    ]
+    assert texts[0] == texts[1] and len(set(texts[0])) == 3, texts
 
 
 def test_zero_new_tokens_is_a_prompt_scoring_request(server, fixed):
