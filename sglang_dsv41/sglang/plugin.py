@@ -24,17 +24,11 @@ from __future__ import annotations
 import logging
 import os
 
+from sglang_dsv41.plugin_switch import SWITCH_ENV, plugin_enabled
+
 logger = logging.getLogger(__name__)
 
 _done = False
-SWITCH_ENV = "SGLANG_DSV41_PLUGIN"
-OFF_VALUES = ("off", "0", "false", "no")
-
-
-def plugin_enabled(environ=None) -> bool:
-    """False when SWITCH_ENV says off (case-insensitive); anything else, or unset, is on."""
-    environ = os.environ if environ is None else environ
-    return environ.get(SWITCH_ENV, "on").strip().lower() not in OFF_VALUES
 
 
 def register() -> None:

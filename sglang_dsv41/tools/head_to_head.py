@@ -37,7 +37,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_dsv41.sglang.plugin import SWITCH_ENV
+from sglang_dsv41.plugin_switch import SWITCH_ENV
 from sglang_dsv41.tools.node_check import INTREE_LOG  # our CUDA model's start line
 
 SIDES = ("ours", "stock")

@@ -45,6 +45,20 @@ def init_sglang_cpu(tokenizer_dir: str, port: int = 29731) -> None:
     get_parallel().override_permanently(world_group=parallel_state._WORLD)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(backend="gloo")
+        return
+    # built by an earlier call: reset_context cleared their stamps, so write them again
+    built = {
+        "tp_group": parallel_state._TP,
+        "pp_group": parallel_state._PP,
+        "moe_ep_group": parallel_state._MOE_EP,
+        "moe_dp_group": parallel_state._MOE_DP,
+        "moe_tp_group": parallel_state._MOE_TP,
+        "attn_tp_group": parallel_state._ATTN_TP,
+        "attn_cp_group": parallel_state._ATTN_CP,
+        "shared_experts_tp_group": parallel_state._SHARED_EXPERTS_TP,
+        "dcp_group": parallel_state._DCP,
+    }
+    get_parallel().override_permanently(**{k: g for k, g in built.items() if g is not None})
 
 
 @contextmanager

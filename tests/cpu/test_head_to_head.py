@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dsv41.sglang.plugin import SWITCH_ENV
+from sglang_dsv41.plugin_switch import SWITCH_ENV
 from sglang_dsv41.tools import agreement
 from sglang_dsv41.tools.head_to_head import (
     PROFILES,

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from sglang_dsv41.sglang.plugin import SWITCH_ENV, plugin_enabled
+from sglang_dsv41.plugin_switch import SWITCH_ENV, plugin_enabled
 
 PROBE = """
 import json
