@@ -69,8 +69,6 @@ class PackedMoE(nn.Module):
 
 def load_packed_oracle(path: str, device, dtype=torch.float32):
     """ReferenceModel of the released checkpoint at `path` on `device`, experts packed."""
-    from safetensors import safe_open
-
     from sglang_dsv41.layers.engram import build_engram_hasher
     from sglang_dsv41.layers.residual import build_residual
     from sglang_dsv41.layers.rope import rope_inv_freq
@@ -78,6 +76,7 @@ def load_packed_oracle(path: str, device, dtype=torch.float32):
     from sglang_dsv41.weights.checkpoint import (
         dense_from_release,
         scan_checkpoint,
+        shard_reader,
         validate_release,
     )
     from sglang_dsv41.weights.release_manifest import FP32, release_kind, release_manifest
@@ -85,13 +84,7 @@ def load_packed_oracle(path: str, device, dtype=torch.float32):
     cfg = DeepseekV41Config.from_hf(path)
     found, where = scan_checkpoint(path)
     validate_release(found, cfg, path)
-    files = {}
-
-    def get(stored: str) -> torch.Tensor:
-        f = where[stored]
-        if f not in files:
-            files[f] = safe_open(f, framework="pt")
-        return files[f].get_tensor(stored)
+    get = shard_reader(where)
 
     with torch.device("meta"):
         model = ReferenceModel(cfg)

@@ -161,18 +161,11 @@ def dense_weights_from_release(weights, cfg, where: str = "checkpoint"):
             yield name, dense_from_release(name, stored.__getitem__)
 
 
-def load_release_state(path: str, cfg, dtype=torch.float32) -> dict:
-    """Dense name -> tensor (dequantized on CPU, cast to `dtype`; fp32 tensors stay fp32)."""
+def shard_reader(where: dict[str, str]):
+    """stored name -> tensor, reading from the shard `where[name]` (scan_checkpoint's second
+    value); each shard is opened once, on first use."""
     from safetensors import safe_open
 
-    found, where = scan_checkpoint(path)
-    skipped = validate_release(found, cfg, path)
-    if skipped:
-        logger.info(
-            "%s: skipped %d tensors outside the text model (vision.*, aligner.*, image_*, mtp.*)",
-            path,
-            skipped,
-        )
     handles = {}
 
     def get(stored: str) -> torch.Tensor:
@@ -181,6 +174,20 @@ def load_release_state(path: str, cfg, dtype=torch.float32) -> dict:
             handles[f] = safe_open(f, framework="pt")
         return handles[f].get_tensor(stored)
 
+    return get
+
+
+def load_release_state(path: str, cfg, dtype=torch.float32) -> dict:
+    """Dense name -> tensor (dequantized on CPU, cast to `dtype`; fp32 tensors stay fp32)."""
+    found, where = scan_checkpoint(path)
+    skipped = validate_release(found, cfg, path)
+    if skipped:
+        logger.info(
+            "%s: skipped %d tensors outside the text model (vision.*, aligner.*, image_*, mtp.*)",
+            path,
+            skipped,
+        )
+    get = shard_reader(where)
     out = {}
     for name in release_manifest(cfg):
         if name.endswith((".scale", ".gate.bias_vl")):  # scales ride with their weight

@@ -204,7 +204,8 @@ def test_flags_parse_into_the_environment(monkeypatch):
     from sglang_dsv41.sglang import server_flags
 
     for _, var, _ in server_flags.FLAGS.values():
-        monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv(var, "1")  # recorded, so the values written below are undone too
+        monkeypatch.delenv(var)
     parser = argparse.ArgumentParser()
     server_flags._add_flags(None, parser)
     args = parser.parse_args(["--dsv41-max-n", "8", "--dsv41-max-top-logprobs", "5"])
