@@ -8,7 +8,11 @@
   validates for this package's loader;
 - SGLang's `DeepseekV4ForCausalLMDSpark`, built on CPU from the slice's config (our in-tree
   conversion, SGLang's FP8 config with FP4 experts), loads every mtp.* tensor through its own
-  `load_weights` into stages of 4 routed experts, every parameter written.
+  `load_weights` into stages of 4 routed experts, every parameter written;
+- our CUDA model (the DSpark target), built on CPU, loads the whole checkpoint, head included
+  (its mtp.* tensors skipped), into parameters equal to our loader's, and answers what SGLang's
+  DSpark worker asks of a target: aux capture at the head's target layers, `lm_head.weight`,
+  the input embedding.
 """
 
 from __future__ import annotations
@@ -80,28 +84,56 @@ def test_slice_holds_the_head(dspark_slice, tmp_path):
         assert (plain / name).read_bytes() == (dspark_slice / with_head).read_bytes(), name
 
 
-def test_sglang_loads_the_slice_head(dspark_slice):
+@pytest.fixture(scope="module")
+def sglang_state(dspark_slice):
     pytest.importorskip("sglang.srt.models.deepseek_v4_dspark")
-    import sglang.srt.models.deepseek_v4_dspark as ds
     from intree_cpu import init_sglang_cpu
     from sglang.srt.runtime_context import restore_context, snapshot_context
+
+    from sglang_dsv41.sglang import options
+
+    saved, served = snapshot_context(), options.served()
+    init_sglang_cpu(dspark_slice, port=29767)
+    yield
+    restore_context(saved)
+    options.register_served(served)
+
+
+def test_sglang_loads_the_slice_head(dspark_slice, sglang_state):
+    import sglang.srt.models.deepseek_v4_dspark as ds
     from test_dspark_manifest import build_draft, load_head
 
     from sglang_dsv41.sglang.intree_config import intree_config, intree_quant_config
 
     cfg = DeepseekV41Config.from_hf(str(dspark_slice))
-    saved = snapshot_context()
-    init_sglang_cpu(dspark_slice)
-    try:
-        model = build_draft(
-            ds.DeepseekV4ForCausalLMDSpark,
-            intree_config(cfg),
-            intree_quant_config(cfg),
-            torch.bfloat16,
-        )
-        unwritten, warnings = load_head(model, dspark_slice)
-    finally:
-        restore_context(saved)
+    model = build_draft(
+        ds.DeepseekV4ForCausalLMDSpark,
+        intree_config(cfg),
+        intree_quant_config(cfg),
+        torch.bfloat16,
+    )
+    unwritten, warnings = load_head(model, dspark_slice)
     assert unwritten == [] and warnings == []
     assert len(model.stages) == 3
     assert all(s.mlp.experts.num_experts == MINI_EXPERTS for s in model.stages)
+
+
+def test_our_target_loads_the_slice_and_captures(dspark_slice, sglang_state):
+    from intree_cpu import build_cuda_model, load
+
+    from sglang_dsv41.weights.checkpoint import load_release_state
+    from sglang_dsv41.weights.dspark_manifest import DSparkHead
+    from sglang_dsv41.weights.intree import dense_view
+
+    cfg = DeepseekV41Config.from_hf(str(dspark_slice))
+    model = build_cuda_model(dspark_slice)
+    load(model, dspark_slice)  # every stored tensor, the head's included
+    view, unread = dense_view(model, cfg)
+    want = load_release_state(str(dspark_slice), cfg, torch.float32)
+    assert unread == [] and set(view) == set(want)
+    assert all(torch.equal(view[n], t.float()) for n, t in want.items())
+    layers = list(DSparkHead.of(cfg).target_layer_ids)
+    model.set_dspark_layers_to_capture(layers)  # what SGLang's model runner calls for DSPARK
+    assert model.capture_aux_hidden_states and model.model.dspark_layers_to_capture == layers
+    assert model.lm_head.weight.shape[0] == cfg.vocab_size
+    assert model.get_input_embeddings().weight.shape == (cfg.vocab_size, cfg.hidden_size)
