@@ -7,10 +7,11 @@
     Req._compute_max_prefix_len       with replay on, a radix hit stops at the request's floor,
                                       so decoder SWA written by a replay (approximate, or absent
                                       below the floor) is never reused
-Every hook passes through untouched unless the runner serves this package's architecture
-(`serves_ours`): the draft runner of DSpark serves SGLang's `DeepseekV4ForCausalLMDSpark`
-(dspark_draft.py renames the draft's architecture), so it gets SGLang's own configurator, pool
-and attention backend, as stock SGLang gives its V4.1 draft, while the target keeps ours.
+The pool hooks act only for a runner serving this package's architecture (`serves_ours`): the
+DSpark draft runner serves SGLang's `DeepseekV4ForCausalLMDSpark` (dspark_draft.py renames the
+draft's architecture), so SGLang's own configurator and pool serve it, as they serve stock
+SGLang's V4.1 draft (its `dsv4` backend comes from the DSpark worker), while the target keeps
+ours. The scheduler hooks act only where this package's model registered its options.
 """
 
 from __future__ import annotations
