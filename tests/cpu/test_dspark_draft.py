@@ -346,3 +346,35 @@ def test_a_draft_of_our_architecture_is_refused_naming_the_flag():
     assert not serves_ours(NS(model_config=sglangs, is_draft_worker=True, spec_algorithm=dspark))
     with pytest.raises(ValueError, match="--speculative-draft-model-path"):
         serves_ours(NS(model_config=ours, is_draft_worker=True, spec_algorithm=dspark))
+
+
+def test_dspark_server_defaults(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    import sglang.srt.arg_groups.model_override_base as mob
+    from sglang.srt.arg_groups.arg_utils import resolvable_fields
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_dsv41.sglang import server_defaults as sd
+    from sglang_dsv41.sglang.dspark_defaults import dspark_server_defaults
+
+    def view(**kw):
+        base = dict(device="cuda", page_size=1, speculative_algorithm="DSPARK")
+        return NS(**{**base, **kw})
+
+    want = {"page_size": 256, "speculative_draft_kv_cache_dtype": "fp8_e4m3"}
+    assert dspark_server_defaults(view()) == want
+    assert dspark_server_defaults(view(page_size=256, speculative_draft_kv_cache_dtype="bf16")) == {
+        "page_size": 256
+    }
+    assert dspark_server_defaults(view(device="cpu")) == {}
+    assert dspark_server_defaults(view(speculative_algorithm=None)) == {}
+    with pytest.raises(ValueError, match="--page-size 2: .*--page-size 256"):
+        dspark_server_defaults(view(page_size=2))
+    monkeypatch.setattr(mob, "resolving_view", lambda s: view())
+    monkeypatch.setattr(sd, "cuda_server_defaults", lambda s, h: {})
+    args = NS(attention_backend=None, prefill_attention_backend=None)
+    args.decode_attention_backend, args.dtype = None, "bfloat16"
+    out = sd.server_defaults(args, None)
+    assert out["page_size"] == 256 and out["speculative_draft_kv_cache_dtype"] == "fp8_e4m3"
+    assert set(out) <= resolvable_fields(ServerArgs)
