@@ -13,16 +13,23 @@
 #            op census and stub calls of both (tools.agreement run)
 #   oracle   the oracle (experts packed, served numerics) scores ours'; the verdicts
 #   bench    benchmarks/head_to_head.py: the table, both servers in this one call
+#   dslice   write flash-slice with its DSpark head (--dspark) to $DSLICE unless it is there;
+#            the plain slice is removed first when the disk would not hold both
+#   dspark   tests/gpu/test_dspark_h200.py on $DSLICE: plain and --speculative-algorithm DSPARK
+#            servers of each side in DSPARK_SIDES (ours), speculative greedy = plain greedy,
+#            acceptance length and TPOT (dspark_<side>.json)
 # Environment: PROFILE (marlin; tools/head_to_head.py PROFILES), MOE_BACKEND (the ops test's
 #   runner: marlin, or flashinfer_mxfp4 with the flashinfer profile), SLICE (/tmp/flash_slice),
+#   DSLICE (/tmp/flash_slice_dspark), DSPARK_EXPERTS (16), DSPARK_SIDES (ours; ours,stock),
 #   WORK (/tmp/h2h), OUT (what comes back: summary.txt, agreement.json, head_to_head.json /
-#   .md / .png, ops.txt, logs.tar.xz).
+#   .md / .png, ops.txt, dspark_*.json, logs.tar.xz).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE=$ROOT/scripts/gpu_e2e
 OUT=${OUT:-/tmp/h2h_out}
 WORK=${WORK:-/tmp/h2h}
 SLICE=${SLICE:-/tmp/flash_slice}
+DSLICE=${DSLICE:-/tmp/flash_slice_dspark}
 SITE=${SITE:-/tmp/gpu_e2e_site}
 PROFILE=${PROFILE:-marlin}
 PY=${PY:-python3}
@@ -105,10 +112,47 @@ step_bench() {
     tee -a "$OUT/summary.txt"
 }
 
+step_dslice() {
+  env_ok || return
+  cd /tmp
+  if [ -s "$DSLICE/model.safetensors.index.json" ]; then
+    say "dslice: $DSLICE already written"
+  else
+    local need free
+    need=$("$PY" -m sglang_dsv41.tools.flash_slice --report --json --dspark \
+      --dspark-experts "${DSPARK_EXPERTS:-16}" | "$PY" -c "import json,sys
+print(int(json.load(sys.stdin)['weights_gib']) + 4)")
+    free=$(df -BG --output=avail /tmp | tail -n 1 | tr -dc 0-9)
+    if [ "$free" -lt "$need" ] && [ -d "$SLICE" ]; then
+      say "dslice: ${free} GiB free, ${need} GiB needed: removing the plain slice $SLICE"
+      rm -rf "$SLICE"
+    fi
+    say "dslice: writing to $DSLICE (DSpark stages of ${DSPARK_EXPERTS:-16} routed experts)"
+    "$PY" -m sglang_dsv41.tools.flash_slice --out "$DSLICE" --force --dspark \
+      --dspark-experts "${DSPARK_EXPERTS:-16}" 2>&1 | tail -n 13 | tee -a "$OUT/summary.txt"
+  fi
+  df -h "$DSLICE" | tail -n 1 | sed 's/^/  disk: /' | tee -a "$OUT/summary.txt"
+}
+
+step_dspark() {
+  env_ok || return
+  cd /tmp
+  eval "$("$PY" -c "import shlex; from sglang_dsv41.tools.head_to_head import PROFILES
+print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].env.items()))")"
+  DSV41_FLASH_SLICE_DSPARK=$DSLICE DSV41_DSPARK_OUT=$WORK/dspark \
+    DSV41_DSPARK_SIDES=${DSPARK_SIDES:-ours} PROFILE=$PROFILE timeout 580 \
+    "$PY" -m pytest -q -s -p no:cacheprovider -rs "$ROOT/tests/gpu/test_dspark_h200.py" 2>&1 |
+    tee "$WORK/dspark.txt" | grep -E '^\{|passed|failed|Error|assert' | tail -n 20 |
+    tee -a "$OUT/summary.txt"
+  cp "$WORK"/dspark/dspark_*.json "$OUT/" 2>/dev/null
+  grep -hE "Traceback|Error|DSpark draft|attention_backend=|accept" "$WORK"/dspark/*.log |
+    cut -c1-250 | head -n 20 | tee -a "$OUT/summary.txt"
+}
+
 [ $# -gt 0 ] || set -- setup ops slice
 for s in "$@"; do
   case $s in
-    setup|ops|slice|correct|oracle|bench) say "step $s (profile $PROFILE)"; "step_$s" ;;
+    setup|ops|slice|correct|oracle|bench|dslice|dspark) say "step $s (profile $PROFILE)"; "step_$s" ;;
     *) say "unknown step $s" ;;
   esac
 done

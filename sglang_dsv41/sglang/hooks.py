@@ -7,7 +7,11 @@
     Req._compute_max_prefix_len       with replay on, a radix hit stops at the request's floor,
                                       so decoder SWA written by a replay (approximate, or absent
                                       below the floor) is never reused
-Every hook passes through untouched unless this package's architecture is being served.
+The pool hooks act only for a runner serving this package's architecture (`serves_ours`): the
+DSpark draft runner serves SGLang's `DeepseekV4ForCausalLMDSpark` (dspark_draft.py renames the
+draft's architecture), so SGLang's own configurator and pool serve it, as they serve stock
+SGLang's V4.1 draft (its `dsv4` backend comes from the DSpark worker), while the target keeps
+ours. The scheduler hooks act only where this package's model registered its options.
 """
 
 from __future__ import annotations
@@ -29,13 +33,32 @@ _INIT_NEW = "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"
 _MAX_PREFIX = "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len"
 
 
-def _is_ours(model_config) -> bool:
-    archs = getattr(model_config.hf_config, "architectures", None) or []
+def is_ours(hf_config) -> bool:
+    """The config's architecture is this package's."""
+    archs = getattr(hf_config, "architectures", None) or []
     return bool(archs) and archs[0] == ARCH
 
 
+def serves_ours(kvc) -> bool:
+    """True for the KV-cache configurator of a runner serving this package's model (the target);
+    False for any other (SGLang's DSpark draft of our checkpoint included). A DSpark draft runner
+    still of our architecture (a draft checkpoint without a `dspark_*` head) is refused: SGLang's
+    DSpark worker needs its own draft model, which SGLang builds only from a head."""
+    if not is_ours(kvc.model_config.hf_config):
+        return False
+    spec = getattr(kvc, "spec_algorithm", None)
+    if kvc.is_draft_worker and spec is not None and spec.is_dspark():
+        raise ValueError(
+            f"--speculative-draft-model-path: the DSpark draft resolved to {ARCH}, this "
+            "package's target model; a DSpark draft checkpoint must bundle a head (dspark_* "
+            "config keys and mtp.* tensors, docs/speculative.md), which SGLang serves as "
+            "DeepseekV4ForCausalLMDSpark"
+        )
+    return True
+
+
 def _configurator(original, kvc, *args, **kwargs):
-    if not _is_ours(kvc.model_config):
+    if not serves_ours(kvc):
         return original(kvc, *args, **kwargs)
     from sglang_dsv41.sglang.pool_sizing import DSV41PoolConfigurator
 
@@ -43,7 +66,7 @@ def _configurator(original, kvc, *args, **kwargs):
 
 
 def _build_pool(original, self, *, sizes, req_to_token_pool, **kwargs):
-    if not _is_ours(self.model_config):
+    if not serves_ours(self):
         return original(self, sizes=sizes, req_to_token_pool=req_to_token_pool, **kwargs)
     from sglang_dsv41.sglang.pool import DSV41KVPool
 

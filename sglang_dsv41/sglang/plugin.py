@@ -9,7 +9,8 @@ server arguments. It wires this package into SGLang through extension points onl
   - the attention-backend registry and the `--attention-backend` choices: `dsv41` (also
     accepted by `--enable-deterministic-inference`, see deterministic.py);
   - a per-architecture override: attention backend `dsv41` and CPU-friendly defaults;
-  - HookRegistry hooks for the KV pool and the scheduler (see hooks.py);
+  - HookRegistry hooks for the KV pool and the scheduler (see hooks.py), and for SGLang's
+    DSpark draft of a checkpoint that bundles a head (see dspark_draft.py);
   - request checks on every route that reaches the model (see guard_hooks.py);
   - the CPU scheduler's torch threads (see cpu_threads.py).
 
@@ -96,9 +97,11 @@ def _register_overrides() -> None:
 
 
 def _register_hooks() -> None:
+    from sglang_dsv41.sglang.dspark_draft import register_dspark_hooks
     from sglang_dsv41.sglang.hooks import register_hooks
 
     register_hooks()
+    register_dspark_hooks()
 
 
 def _register_guards() -> None:

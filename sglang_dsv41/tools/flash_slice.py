@@ -2,7 +2,8 @@
 
     python -m sglang_dsv41.tools.flash_slice --out DIR [--layers 1,2,3,20,21,24]
         [--engram-vocab 41667] [--seed 0] [--device auto|cuda|cpu] [--force]
-    python -m sglang_dsv41.tools.flash_slice --report [--json] [--mem-fraction 0.85]
+        [--dspark [--dspark-experts 16]]
+    python -m sglang_dsv41.tools.flash_slice --report [--json] [--mem-fraction 0.85] [--dspark]
     python -m sglang_dsv41.tools.flash_slice --list            (every tensor, no weights)
 
 Slice layer j is release layer `layers[j]` with that layer's exact geometry, tensor names (under
@@ -41,6 +42,14 @@ CPU (hours at full size: the GPU path is the one meant). Files: config.json, tok
 model-00001-of-000NN.safetensors (embed, norm, head) then one shard per layer, and
 model.safetensors.index.json. Size, KV room on one H200: `--report` (docs/h200_head_to_head.md
 has the figures).
+
+`--dspark` (off by default) adds a DSpark draft head (weights/dspark_manifest.py: the presets'
+`dspark_*` keys, 3 stages on slice layers [1, 3, 4], blocks of 5, `mtp.*` tensors in the
+release's formats, one shard per stage) so that SGLang's `--speculative-algorithm DSPARK` can
+serve the slice. Each stage is a full-width V4 decoder layer; its routed experts are cut to
+`--dspark-experts` (default 16, SGLang's `dspark_n_routed_experts`; 384 keeps the release's
+width): 1.69 GiB at 16, 21.03 GiB at 384, against the slice's 44.18 GiB and a 64 GiB disk. A
+random head accepts few drafts whatever its width.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ import json
 import sys
 
 from sglang_dsv41.config import FULL, REINDEX, REUSE, SWA, DeepseekV41Config
+from sglang_dsv41.weights.dspark_manifest import dspark_config, dspark_release_tensors
 from sglang_dsv41.weights.release_config import (
     engram_table_rows,
     flash_text_config,
@@ -62,6 +72,8 @@ RELEASE_LAYERS = (1, 2, 3, 20, 21, 24)
 ENGRAM_VOCAB = 41_667
 TRAINED_VOCAB = 1024
 ROLE_LISTS = ("kv_source_layer_ids", "index_source_layer_ids", "engram_layer_ids")
+DSPARK_EXPERTS = 16
+"""Routed experts of each DSpark stage with `--dspark` (the release's stages have 384)."""
 
 
 class SliceError(ValueError):
@@ -73,11 +85,14 @@ def slice_text_config(
     engram_vocab: int = ENGRAM_VOCAB,
     compressed_vocab: int = 0,
     widths: dict | None = None,
+    dspark_experts: int | None = None,
 ) -> dict:
     """Flat text fields of the slice of release layers `layers` (sorted, distinct).
 
     compressed_vocab: the tokenizer's engram compressed vocabulary (the writer fills it in);
-    widths: text fields to override (reduced widths for CPU tests), None for the release's.
+    widths: text fields to override (reduced widths for CPU tests), None for the release's;
+    dspark_experts: None for no DSpark head, else the routed experts of its stages (the
+    model's own count keeps them full width).
     Raises SliceError when the slice breaks a rule of the config or of decoder replay."""
     full = flash_text_config()
     n_full = full["num_hidden_layers"]
@@ -96,6 +111,16 @@ def slice_text_config(
     text["engram_vocab_size"] = int(engram_vocab)
     text["engram_compressed_vocab_size"] = int(compressed_vocab)
     text["engram_num_embeddings"] = engram_table_rows(text) if text["engram_layer_ids"] else []
+    if dspark_experts is not None:
+        n = int(dspark_experts)
+        if not text["num_experts_per_tok"] <= n <= text["n_routed_experts"]:
+            raise SliceError(
+                f"--dspark-experts {n}: need num_experts_per_tok ({text['num_experts_per_tok']})"
+                f" <= n <= n_routed_experts ({text['n_routed_experts']})"
+            )
+        text.update(dspark_config(text))
+        if n != text["n_routed_experts"]:
+            text["dspark_n_routed_experts"] = n
     try:
         cfg = DeepseekV41Config.from_dict(text)
     except ValueError as e:
@@ -152,7 +177,8 @@ def report(text: dict, mem_fraction: float, gpu_gib: float) -> dict:
 
     cfg = DeepseekV41Config.from_dict(text)
     manifest = release_manifest(cfg)
-    weights = manifest_bytes(manifest)
+    head = manifest_bytes(dspark_release_tensors(cfg))
+    weights = manifest_bytes(manifest) + head
     budget = gpu_gib * GiB * mem_fraction - weights
     layouts = {}
     for fp in (dsv41_footprint(cfg), v4_footprint(cfg)):
@@ -164,8 +190,9 @@ def report(text: dict, mem_fraction: float, gpu_gib: float) -> dict:
         }
     return {
         "layers": cfg.num_hidden_layers,
-        "tensors": len(manifest),
+        "tensors": len(manifest) + len(dspark_release_tensors(cfg)),
         "weights_gib": weights / GiB,
+        "dspark_gib": head / GiB,
         "engram_rows": list(cfg.engram_num_embeddings),
         "gpu_gib": gpu_gib,
         "mem_fraction_static": mem_fraction,
@@ -180,6 +207,8 @@ def _print_report(rep: dict, rows: list, stream) -> None:
         f"{rep['weights_gib']:.2f} GiB; Engram rows {rep['engram_rows']}",
         file=stream,
     )
+    if rep["dspark_gib"]:
+        print(f"  of which the DSpark head {rep['dspark_gib']:.2f} GiB", file=stream)
     for j, layer, ratio, role, notes in rows:
         print(f"  slice {j}  release {layer:2d}  ratio {ratio}  {role:8s} {notes}", file=stream)
     print(
@@ -210,15 +239,26 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="--report as JSON")
     ap.add_argument("--mem-fraction", type=float, default=0.85)
     ap.add_argument("--gpu-gib", type=float, default=139.8, help="GPU memory (H200: 139.8)")
+    ap.add_argument("--dspark", action="store_true", help="add a DSpark draft head (mtp.*)")
+    ap.add_argument(
+        "--dspark-experts",
+        type=int,
+        default=DSPARK_EXPERTS,
+        help="routed experts per DSpark stage (384: the release's width)",
+    )
     a = ap.parse_args(argv)
     layers = [int(v) for v in a.layers.split(",") if v.strip()]
+    experts = a.dspark_experts if a.dspark else None
     try:
-        text = slice_text_config(layers, a.engram_vocab)
+        text = slice_text_config(layers, a.engram_vocab, dspark_experts=experts)
     except SliceError as e:
         ap.error(str(e))
     cfg = DeepseekV41Config.from_dict(text)
     if a.list:
-        for name, (shape, dtype) in release_manifest(cfg).items():
+        for name, (shape, dtype) in {
+            **release_manifest(cfg),
+            **dspark_release_tensors(cfg),
+        }.items():
             print(f"{name}\t{str(dtype).removeprefix('torch.')}\t{list(shape)}")
         return 0
     rep = report(text, a.mem_fraction, a.gpu_gib)
@@ -231,7 +271,9 @@ def main(argv=None) -> int:
     from sglang_dsv41.tools.slice_weights import write_flash_slice
 
     try:
-        out = write_flash_slice(a.out, layers, a.engram_vocab, a.seed, a.device, a.force)
+        out = write_flash_slice(
+            a.out, layers, a.engram_vocab, a.seed, a.device, a.force, dspark_experts=experts
+        )
     except ValueError as e:
         ap.error(str(e))
     total = sum(f.stat().st_size for f in out.glob("*.safetensors"))

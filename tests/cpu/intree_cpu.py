@@ -45,20 +45,23 @@ def init_sglang_cpu(tokenizer_dir: str, port: int = 29731) -> None:
     get_parallel().override_permanently(world_group=parallel_state._WORLD)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(backend="gloo")
-        return
-    # built by an earlier call: reset_context cleared their stamps, so write them again
-    built = {
-        "tp_group": parallel_state._TP,
-        "pp_group": parallel_state._PP,
-        "moe_ep_group": parallel_state._MOE_EP,
-        "moe_dp_group": parallel_state._MOE_DP,
-        "moe_tp_group": parallel_state._MOE_TP,
-        "attn_tp_group": parallel_state._ATTN_TP,
-        "attn_cp_group": parallel_state._ATTN_CP,
-        "shared_experts_tp_group": parallel_state._SHARED_EXPERTS_TP,
-        "dcp_group": parallel_state._DCP,
-    }
-    get_parallel().override_permanently(**{k: g for k, g in built.items() if g is not None})
+    else:  # built by an earlier call; the context just published does not name them yet
+        groups = {name: getattr(parallel_state, attr, None) for name, attr in _GROUPS.items()}
+        get_parallel().override_permanently(**{k: g for k, g in groups.items() if g is not None})
+
+
+_GROUPS = {
+    "tp_group": "_TP",
+    "pp_group": "_PP",
+    "moe_ep_group": "_MOE_EP",
+    "moe_dp_group": "_MOE_DP",
+    "moe_tp_group": "_MOE_TP",
+    "attn_tp_group": "_ATTN_TP",
+    "attn_cp_group": "_ATTN_CP",
+    "shared_experts_tp_group": "_SHARED_EXPERTS_TP",
+    "dcp_group": "_DCP",
+}
+"""Context name -> parallel_state global of the groups `initialize_model_parallel` stamps."""
 
 
 @contextmanager

@@ -85,25 +85,11 @@ def test_sglang_parses_the_head(which, tiny, mini):
     assert (rt.gamma, rt.verify_num_draft_tokens) == (5, 6)
 
 
-def _build_and_load(path, quantized: bool):
-    """SGLang's draft model built from the checkpoint's config, loaded from its mtp.* tensors ->
-    (parameters not fully written, the loader's warnings)."""
+def load_head(model, path) -> tuple:
+    """Fill `model`'s parameters with the sentinel, load the checkpoint's mtp.* tensors through
+    SGLang's `load_weights` -> (parameters not fully written, the loader's warnings)."""
     import sglang.srt.models.deepseek_v4_dspark as ds
 
-    from sglang_dsv41.sglang.intree_config import intree_config, intree_quant_config
-
-    cfg = DeepseekV41Config.from_hf(str(path))
-    quant = intree_quant_config(cfg) if quantized else None
-    config = intree_config(cfg)
-    if not quantized:  # the dense presets leave the routing method to its default
-        config.topk_method = "noaux_tc"
-    dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16 if quantized else torch.float32)
-    try:
-        with cpu_build_shims():
-            model = ds.DeepseekV4ForCausalLMDSpark(config, quant)
-    finally:
-        torch.set_default_dtype(dtype)
     with torch.no_grad():
         for p in model.parameters():
             p.data.reshape(-1).view(torch.uint8).fill_(SENTINEL)
@@ -128,7 +114,35 @@ def _build_and_load(path, quantized: bool):
         rows = b.reshape(-1, p.element_size() * (p.shape[-1] if p.dim() > 1 else 1))
         if (rows == SENTINEL).all(-1).any() and not name.endswith(NOT_IN_CHECKPOINT):
             unwritten.append(name)
-    return model, unwritten, warnings
+    return unwritten, warnings
+
+
+def build_draft(model_cls, config, quant, dtype: torch.dtype):
+    """SGLang's draft class built on CPU with default dtype `dtype` (intree_cpu's shims)."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with cpu_build_shims():
+            return model_cls(config, quant)
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def _build_and_load(path, quantized: bool):
+    """SGLang's draft model built from the checkpoint's config, loaded from its mtp.* tensors ->
+    (model, parameters not fully written, the loader's warnings)."""
+    import sglang.srt.models.deepseek_v4_dspark as ds
+
+    from sglang_dsv41.sglang.intree_config import intree_config, intree_quant_config
+
+    cfg = DeepseekV41Config.from_hf(str(path))
+    quant = intree_quant_config(cfg) if quantized else None
+    config = intree_config(cfg)
+    if not quantized:  # the dense presets leave the routing method to its default
+        config.topk_method = "noaux_tc"
+    dtype = torch.bfloat16 if quantized else torch.float32
+    model = build_draft(ds.DeepseekV4ForCausalLMDSpark, config, quant, dtype)
+    return (model, *load_head(model, path))
 
 
 @pytest.mark.parametrize("ragged", ["static", "compact"])
