@@ -25,6 +25,12 @@ for a in .gpu_e2e/carry/site-sglang.tar.xz .gpu_e2e/carry/site-deps.tar.xz \
     echo "setup: unpacking $a failed"; exit 1
   fi
 done
+# the carried checkout's package over the wheel's copy, so that a call runs the code it carries
+# (kernels/ is installed as sglang_dsv41.kernels)
+if [ -d "$SITE/sglang_dsv41" ]; then
+  cp -r sglang_dsv41/. "$SITE/sglang_dsv41/" && cp -r kernels/. "$SITE/sglang_dsv41/kernels/" &&
+    echo "setup: sglang_dsv41 synced from the checkout"
+fi
 if [ ! -s "$SITE/libtorch211_shim.so" ] ||
    [ scripts/gpu_e2e/shim/torch211_shim.cpp -nt "$SITE/libtorch211_shim.so" ]; then
   bash scripts/gpu_e2e/shim/build.sh "$SITE/libtorch211_shim.so" || exit 1
