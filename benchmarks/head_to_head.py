@@ -37,6 +37,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_bench  # noqa: E402
 
+from sglang_dsv41.tools import agreement  # noqa: E402
 from sglang_dsv41.tools.head_to_head import PROFILES, Server, Settings, parse_log  # noqa: E402
 
 METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
@@ -88,13 +89,22 @@ def run_side(label: str, side: str, extra: list, args, settings, deadline: float
     work = Path(args.work) / label
     work.mkdir(parents=True, exist_ok=True)
     row = {"label": label, "side": side, "points": [], "skipped": []}
+    agree = Path(args.agreement) if args.agreement else None
+    env = agreement.census_env(side, agree) if agree else None
     with (
         PeakMemory() as peak,
-        Server(side, args.model_path, work / "server.log", settings, extra) as srv,
+        Server(side, args.model_path, work / "server.log", settings, extra, env) as srv,
     ):
         row["command"] = srv.command
         row["ready_s"] = srv.wait_ready(max(60.0, deadline - time.time()))
         row["log"] = parse_log(srv.log.read_text(errors="replace"))
+        if agree is not None:  # the agreement run on the same server, before the load points
+            t0 = time.time()
+            try:
+                agreement.serve_side(srv.url, side, agree)
+                print(f"{label}: agreement continuations in {time.time() - t0:.0f} s", flush=True)
+            except (RuntimeError, OSError, ValueError, KeyError) as e:
+                print(f"{label}: agreement FAILED: {str(e)[-2000:]}", flush=True)
         bench = SimpleNamespace(
             url=srv.url,
             tokenizer=args.tokenizer or args.model_path,
@@ -223,6 +233,12 @@ def main(argv=None) -> int:
     ap.add_argument("--point-timeout", type=float, default=300)
     ap.add_argument("--work", default="/tmp/h2h_bench")
     ap.add_argument("--out", default="head_to_head_out")
+    ap.add_argument(
+        "--agreement",
+        metavar="DIR",
+        help="also run tools.agreement's continuations on each server before its points "
+        "(stock first; DIR as agreement's --work; then `agreement judge --work DIR`)",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.render:
@@ -238,6 +254,9 @@ def main(argv=None) -> int:
         profile=args.profile,
     )
     sides = args.side or [("ours", "ours", []), ("stock", "stock", [])]
+    if args.agreement:
+        agreement.write_prompts(args.model_path, Path(args.agreement))
+        sides = sorted(sides, key=lambda s: s[1] != "stock")  # ours scores stock's continuations
     t0 = time.time()
     result = {
         "profile": args.profile,

@@ -13,6 +13,9 @@
 #            op census and stub calls of both (tools.agreement run)
 #   oracle   the oracle (experts packed, served numerics) scores ours'; the verdicts
 #   bench    benchmarks/head_to_head.py: the table, both servers in this one call
+#   table    correct and bench on one start of each server (stock first: its continuations,
+#            then the points; ours: continuations, teacher-forced scores, points), the census,
+#            the stub count and the verdict on ours vs stock
 #   dslice   write flash-slice with its DSpark head (--dspark) to $DSLICE unless it is there;
 #            the plain slice is removed first when the disk would not hold both
 #   dspark   tests/gpu/test_dspark_h200.py on $DSLICE: plain and --speculative-algorithm DSPARK
@@ -38,7 +41,7 @@ T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 env_ok() { [ -s "$SITE/env.sh" ] || { say "run the setup step first"; return 1; }; . "$SITE/env.sh"; }
 pack_logs() {
-  (cd "$WORK" && find . -maxdepth 2 \( -name '*.log' -o -name '*.txt' \) -print0 |
+  (cd "$WORK" && find . -maxdepth 3 \( -name '*.log' -o -name '*.txt' \) -print0 |
     tar --null -T - -cJf "$OUT/logs.tar.xz") 2>/dev/null
 }
 
@@ -112,6 +115,23 @@ step_bench() {
     tee -a "$OUT/summary.txt"
 }
 
+step_table() {
+  env_ok || return
+  cd /tmp
+  export STUB_CALL_LOG=$WORK/stub_calls.txt
+  : > "$STUB_CALL_LOG"
+  timeout "${TABLE_TIMEOUT_S:-580}" "$PY" "$ROOT/benchmarks/head_to_head.py" --model-path "$SLICE" \
+    --profile "$PROFILE" --work "$WORK/bench" --out "$OUT" --budget-s "${BUDGET_S:-540}" \
+    --agreement "$WORK/agreement" 2>&1 | tail -n 30 | tee -a "$OUT/summary.txt"
+  census stock
+  census ours
+  grep -hE "Traceback|Error|in-tree DeepseekV4|plugin left out|max_total_num_tokens=" \
+    "$WORK"/bench/*/server.log | cut -c1-250 | head -n 20 | tee -a "$OUT/summary.txt"
+  "$PY" -m sglang_dsv41.tools.agreement judge --work "$WORK/agreement" 2>&1 |
+    tee -a "$OUT/summary.txt"
+  cp "$WORK"/agreement/agreement.json "$OUT/" 2>/dev/null
+}
+
 step_dslice() {
   env_ok || return
   cd /tmp
@@ -152,7 +172,7 @@ print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].
 [ $# -gt 0 ] || set -- setup ops slice
 for s in "$@"; do
   case $s in
-    setup|ops|slice|correct|oracle|bench|dslice|dspark) say "step $s (profile $PROFILE)"; "step_$s" ;;
+    setup|ops|slice|correct|oracle|bench|table|dslice|dspark) say "step $s (profile $PROFILE)"; "step_$s" ;;
     *) say "unknown step $s" ;;
   esac
 done

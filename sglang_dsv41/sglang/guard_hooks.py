@@ -346,7 +346,8 @@ def _set_state(result, global_state, *args, **kwargs):
     app.add_exception_handler(RequestValidationError, handler)
     caps = server_caps()
     cap_bytes = request_bytes_cap(caps, tokenizer_manager.context_len)
-    app.add_middleware(RequestGate, cap_bytes=cap_bytes)
+    vocab = int(tokenizer_manager.model_config.vocab_size)
+    app.add_middleware(RequestGate, cap_bytes=cap_bytes, vocab=vocab)
     logger.info(
         "sglang_dsv41: per request at most %d sequences (prompts x n, --dsv41-max-n), %d top "
         "logprobs per token (--dsv41-max-top-logprobs), %d body bytes "

@@ -9,7 +9,9 @@
                        /parse_function_call and /separate_reasoning name a known parser (SGLang
                        raises past its own 400 for an unknown one, a 500); /v1/completions and
                        /v1/chat/completions carry no non-token input (their request models drop
-                       unknown fields, so `positional_embed_overrides` would be ignored)
+                       unknown fields, so `positional_embed_overrides` would be ignored);
+                       /detokenize and /v1/detokenize take token ids in the vocabulary (the
+                       tokenizer would answer an unknown id with an empty string)
 Installed by guard_hooks on SGLang's app when DeepseekV41ForCausalLM is served; SGLang's API-key
 middleware, added after it, runs first.
 """
@@ -26,7 +28,7 @@ from sglang_dsv41.request_limits import (
     check_token_inputs_only,
     embedding_route_message,
 )
-from sglang_dsv41.request_rules import RequestRejected
+from sglang_dsv41.request_rules import RequestRejected, check_token_ids
 
 
 def tool_parser_names() -> set:
@@ -57,10 +59,24 @@ def _no_embedding_inputs(body: dict) -> None:
     check_token_inputs_only(body, NON_TOKEN_INPUTS)
 
 
+def _detokenize_ids(vocab: int):
+    def check(body: dict) -> None:
+        tokens = body.get("tokens")
+        if isinstance(tokens, list) and tokens and isinstance(tokens[0], list):
+            for i, ids in enumerate(tokens):
+                check_token_ids(ids, vocab, f"tokens[{i}]")
+        elif tokens is not None:
+            check_token_ids(tokens, vocab, "tokens")
+
+    return check
+
+
 # path -> (check of the decoded body, byte strings of which one must occur for it to run)
-def body_checks() -> dict:
+def body_checks(vocab: int | None = None) -> dict:
+    """vocab: the served model's vocabulary size (None: token ids are not checked)."""
     keys = tuple(f'"{name}"'.encode() for name in NON_TOKEN_INPUTS)
-    return {
+    detokenize = {} if vocab is None else {p: (_detokenize_ids(vocab), None) for p in _DETOKENIZE}
+    return detokenize | {
         "/parse_function_call": (_parser_check("tool_call_parser", tool_parser_names()), None),
         "/separate_reasoning": (
             _parser_check("reasoning_parser", reasoning_parser_names(), lower=True),
@@ -111,10 +127,13 @@ def replay(body: bytes, receive):
     return again
 
 
+_DETOKENIZE = ("/detokenize", "/v1/detokenize")
+
+
 class RequestGate:
-    def __init__(self, app, cap_bytes: int, checks: dict | None = None):
+    def __init__(self, app, cap_bytes: int, vocab: int | None = None, checks: dict | None = None):
         self.app, self.cap = app, int(cap_bytes)
-        self.checks = body_checks() if checks is None else checks
+        self.checks = body_checks(vocab) if checks is None else checks
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

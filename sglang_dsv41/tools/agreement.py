@@ -158,21 +158,39 @@ def _dump(path: Path, obj) -> None:
     path.write_text(json.dumps(obj) + "\n")
 
 
-def run_servers(model_path: str, work: Path, settings, timeout: float) -> None:
+def write_prompts(model_path: str, work: Path) -> None:
+    """work/prompts.json: the prompts both sides continue."""
     from sglang_dsv41.config import DeepseekV41Config
+
+    work.mkdir(parents=True, exist_ok=True)
+    _dump(work / "prompts.json", prompts(DeepseekV41Config.from_hf(model_path).vocab_size))
+
+
+def serve_side(url: str, side: str, work: Path) -> None:
+    """One side's part on its running server: greedy continuations of work/prompts.json
+    (work/SIDE_gen.json); ours also scores stock's continuations when they are there
+    (work/ours_on_stock.json), so stock runs first."""
+    ps = _load(work / "prompts.json")
+    _dump(work / f"{side}_gen.json", generate(url, ps))
+    if side == "ours" and (work / "stock_gen.json").exists():
+        _dump(work / "ours_on_stock.json", score(url, ps, _load(work / "stock_gen.json")))
+
+
+def census_env(side: str, work: Path) -> dict:
+    """The op census of one side's server processes, under work/census_SIDE."""
+    return {"DSV41_OP_CENSUS": str(work / f"census_{side}")}
+
+
+def run_servers(model_path: str, work: Path, settings, timeout: float) -> None:
     from sglang_dsv41.tools.head_to_head import Server
 
-    ps = prompts(DeepseekV41Config.from_hf(model_path).vocab_size)
-    _dump(work / "prompts.json", ps)
+    write_prompts(model_path, work)
     for side in ("stock", "ours"):
-        census = {"DSV41_OP_CENSUS": str(work / f"census_{side}")}
+        env = census_env(side, work)
         try:
-            with Server(side, model_path, work / f"{side}.log", settings, env_extra=census) as srv:
+            with Server(side, model_path, work / f"{side}.log", settings, env_extra=env) as srv:
                 print(f"{side}: ready in {srv.wait_ready(timeout):.0f} s", flush=True)
-                _dump(work / f"{side}_gen.json", generate(srv.url, ps))
-                if side == "ours" and (work / "stock_gen.json").exists():
-                    stock = _load(work / "stock_gen.json")
-                    _dump(work / "ours_on_stock.json", score(srv.url, ps, stock))
+                serve_side(srv.url, side, work)
         except (RuntimeError, OSError) as e:  # one side failing still leaves the other's
             print(f"{side}: FAILED: {str(e)[-3000:]}", flush=True)
             continue

@@ -152,3 +152,55 @@ def test_prompts_cover_16_to_8k():
     assert len(ps) >= 20 and min(map(len, ps)) == 16 and max(map(len, ps)) == 8192
     assert all(2 <= t < 129280 for p in ps for t in p)
     assert ps == agreement.prompts(129280)  # fixed seed
+
+
+def test_agreement_rides_on_the_table_servers(tmp_path, monkeypatch):
+    """--agreement: stock's continuations first, then ours' and its scores of stock's, each on
+    the server that then runs the points, with the op census in that server's environment."""
+    import head_to_head as bench
+
+    events = []
+
+    class FakeServer:
+        def __init__(self, side, model_path, log, settings, extra=(), env_extra=None):
+            self.side, self.log, self.url, self.command = side, Path(log), f"u-{side}", side
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            self.log.write_text("")
+            events.append(("start", side, (env_extra or {}).get("DSV41_OP_CENSUS")))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            events.append(("stop", self.side))
+
+        def wait_ready(self, timeout):
+            return 1.0
+
+    def generate(url, ps, new=4):
+        events.append(("generate", url))
+        return [[7] * new for _ in ps]
+
+    def score(url, ps, conts):
+        events.append(("score", url, len(conts)))
+        return [[{"top1": 7, "d": 0.0}] * len(c) for c in conts]
+
+    monkeypatch.setattr(bench, "Server", FakeServer)
+    monkeypatch.setattr(bench.serve_bench, "run_point", lambda *a, **k: None)
+    monkeypatch.setattr(agreement, "generate", generate)
+    monkeypatch.setattr(agreement, "score", score)
+    monkeypatch.setattr(
+        agreement, "write_prompts", lambda m, w: agreement._dump(w / "prompts.json", [[1, 2]])
+    )
+    (tmp_path / "agree").mkdir()
+    args = ["--model-path", str(tmp_path), "--work", str(tmp_path / "w"), "--out", str(tmp_path)]
+    bench.main(args + ["--agreement", str(tmp_path / "agree"), "--input-len", "16"])
+    census = str(tmp_path / "agree" / "census_stock")
+    assert events[:3] == [("start", "stock", census), ("generate", "u-stock"), ("stop", "stock")]
+    assert events[3:] == [
+        ("start", "ours", str(tmp_path / "agree" / "census_ours")),
+        ("generate", "u-ours"),
+        ("score", "u-ours", 1),
+        ("stop", "ours"),
+    ]
+    assert (tmp_path / "agree" / "ours_on_stock.json").exists()

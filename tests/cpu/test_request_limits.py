@@ -131,11 +131,11 @@ def call(gate, path, body: bytes, chunks: int = 1, length: bool = True):
     return status, (payload if status == 200 else json.loads(payload))
 
 
-def _gate(cap=1000):
+def _gate(cap=1000, vocab=None):
     from sglang_dsv41.sglang.request_gate import RequestGate
 
     app = App()
-    return RequestGate(app, cap), app
+    return RequestGate(app, cap, vocab), app
 
 
 def test_gate_refuses_a_large_body_before_reading_it():
@@ -185,6 +185,18 @@ def test_gate_checks_parser_names():
     for path, body in good:
         assert call(gate, path, json.dumps(body).encode()) == (200, b"ok")
     assert call(gate, "/separate_reasoning", b"{not json")[0] == 200  # FastAPI answers it
+
+
+def test_gate_checks_detokenize_ids():
+    gate, app = _gate(cap=10**6, vocab=100)
+    for path in ("/detokenize", "/v1/detokenize"):
+        for tokens, field in [([1, 100], "tokens[1] = 100"), ([[3], [2, -1]], "tokens[1][1] = -1")]:
+            status, out = call(gate, path, json.dumps({"tokens": tokens}).encode())
+            assert status == 400 and field in out["message"], out
+        for tokens in ([0, 99], [[5], [6, 7]], []):
+            assert call(gate, path, json.dumps({"tokens": tokens}).encode()) == (200, b"ok")
+    gate, app = _gate(cap=10**6)  # no vocabulary known: handed on
+    assert call(gate, "/detokenize", b'{"tokens": [100000]}') == (200, b"ok")
 
 
 # --- server flags ----------------------------------------------------------------------------

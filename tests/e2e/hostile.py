@@ -194,6 +194,8 @@ HOSTILE = [
     Case("seed-completions", "/v1/completions", _cmp("Hello", seed=7, temperature=1.0),
          400, "seed = 7"),
     Case("seed-chat", "/v1/chat/completions", _chat(seed=7, temperature=1.0), 400, "seed = 7"),
+    Case("detokenize-out-of-vocab", "/v1/detokenize", {"tokens": [5, 10**9]}, 400,
+         "tokens[1] = 1000000000"),
 ]
 # fmt: on
 
