@@ -16,6 +16,9 @@
 #   table    correct and bench on one start of each server (stock first: its continuations,
 #            then the points; ours: continuations, teacher-forced scores, points), the census,
 #            the stub count and the verdict on ours vs stock
+#   warm     start one side's server (WARM_SIDE, ours) with the table's flags, two requests,
+#            stop: its time to ready, its first answers, and the kernel builds (DeepGEMM,
+#            Marlin JIT) cached on the machine for later starts of either side
 #   dslice   write flash-slice with its DSpark head (--dspark) to $DSLICE unless it is there;
 #            the plain slice is removed first when the disk would not hold both
 #   dspark   tests/gpu/test_dspark_h200.py on $DSLICE: plain and --speculative-algorithm DSPARK
@@ -55,7 +58,7 @@ step_ops() {
 print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].env.items()))")"
   local moe=marlin
   [ "$PROFILE" = flashinfer ] && moe=flashinfer_mxfp4
-  DSV41_OP_CENSUS=$WORK/census_ops DSV41_MOE_BACKEND=${MOE_BACKEND:-$moe} timeout 420 \
+  DSV41_OP_CENSUS=$WORK/census_ops DSV41_MOE_BACKEND=${MOE_BACKEND:-$moe} timeout "${OPS_TIMEOUT_S:-420}" \
     "$PY" -m pytest -q -p no:cacheprovider -rs "$ROOT/tests/gpu/test_sglang_ops_h200.py" 2>&1 |
     tee "$OUT/ops.txt" | tail -n 25 | tee -a "$OUT/summary.txt"
   say "census of the ops test:"
@@ -132,6 +135,29 @@ step_table() {
   cp "$WORK"/agreement/agreement.json "$OUT/" 2>/dev/null
 }
 
+step_warm() {
+  env_ok || return
+  cd /tmp
+  local side=${WARM_SIDE:-ours} t=${WARM_TIMEOUT_S:-300}
+  say "warm: $side, at most $t s"
+  timeout -s TERM "$t" "$PY" - "$side" "$SLICE" "$WORK" "$PROFILE" "$t" <<'WARM' 2>&1 |
+import signal, sys, time
+from pathlib import Path
+from sglang_dsv41.tools import agreement
+from sglang_dsv41.tools.head_to_head import Server, Settings
+side, slice_dir, work, profile, t = sys.argv[1:6]
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))  # the server is stopped on the way out
+with Server(side, slice_dir, Path(work) / f"warm_{side}.log", Settings(profile=profile)) as srv:
+    print(f"warm: {side} ready in {srv.wait_ready(float(t)):.0f} s", flush=True)
+    t0 = time.time()
+    out = agreement.generate(srv.url, [[5 + i % 90 for i in range(n)] for n in (64, 4000)], 8)
+    print(f"warm: 2 requests in {time.time() - t0:.1f} s: {out}", flush=True)
+WARM
+    tail -n 25 | tee -a "$OUT/summary.txt"
+  grep -hE "Traceback|Error|max_total_num_tokens=" "$WORK/warm_$side.log" | cut -c1-250 |
+    head -n 10 | tee -a "$OUT/summary.txt"
+}
+
 step_dslice() {
   env_ok || return
   cd /tmp
@@ -172,7 +198,7 @@ print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].
 [ $# -gt 0 ] || set -- setup ops slice
 for s in "$@"; do
   case $s in
-    setup|ops|slice|correct|oracle|bench|table|dslice|dspark) say "step $s (profile $PROFILE)"; "step_$s" ;;
+    setup|ops|slice|correct|oracle|bench|table|warm|dslice|dspark) say "step $s (profile $PROFILE)"; "step_$s" ;;
     *) say "unknown step $s" ;;
   esac
 done
