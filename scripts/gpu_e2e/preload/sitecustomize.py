@@ -60,3 +60,5 @@ if os.environ.get("DSV41_OP_CENSUS"):
     op_census.install()
     sys.path.pop(0)
 _chain()
+
+import cuda_key_fix  # noqa: E402,F401  (torch 2.14 kernels registered under 2.11 keys)
