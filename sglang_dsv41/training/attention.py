@@ -59,6 +59,8 @@ class TrainState:
     topk     index source -> int64 [T, TOPK], -1 padded (sparse layers)
     pool     bool [T, N] candidate pool of the decoder rows, or None
     groups   index source -> DistillGroup
+    keep     layers whose dense attention probabilities are kept, with graph, in `kept`
+    kept     layer -> fp32 [T, H, N] mass of each main-KV entry (training.supervision)
     """
 
     main_kv: dict = field(default_factory=dict)
@@ -66,6 +68,8 @@ class TrainState:
     topk: dict = field(default_factory=dict)
     pool: torch.Tensor | None = None
     groups: dict = field(default_factory=dict)
+    keep: frozenset = frozenset()
+    kept: dict = field(default_factory=dict)
 
 
 def compress(attn, x_all: torch.Tensor, st: TrainState) -> None:
@@ -134,6 +138,8 @@ def train_attention_layer(
     if dense:
         o, p_main = dense_attention(q, k_swa, swa_ok, main, group.ok, attn.attn_sink, attn.scale)
         group.mass += p_main.detach().sum(1)
+        if attn.layer_id in st.keep:
+            st.kept[attn.layer_id] = p_main
     else:
         topk = st.topk[isrc]
         top_ok = topk >= 0

@@ -1,13 +1,17 @@
 """What the model sees at each training step: stages of lengths, facts and attention modes.
 
-    stage   steps  prompt tokens  facts  attention
-    dense   1000     256-768       2-6   every visible entry (encoder and decoder); the
-                                         indexers learn by distillation beside it
-    sparse  1600     256-2048      2-12  top-k everywhere, as served
-    long     300    1024-4096      4-16  top-k everywhere, as served
+    stage   steps  prompt tokens  facts  questions  encoder  decoder  supervised
+    recall  1000     192-512       2-8   all (<= 8)  dense    dense    yes
+    dense    600     256-1024      2-8   1-4         top-k    dense    yes
+    sparse  1200     256-2048      2-12  1-3         top-k    top-k    no
+    long     300    1024-4096      4-16  1-3         top-k    top-k    no
 
+"dense" attends every visible main-KV entry, "top-k" is the served selection (candidate pool
+included); the indexers learn by distillation in every stage (training.distill), and
+"supervised" adds the attention supervision of the decoder's Full layer (training.supervision).
 Lengths are drawn log-uniformly per example; each example is raw or chat form (even odds),
-asks 1-3 questions about its facts (each asked fact at a uniform depth), and runs its decoder
+asks questions about distinct facts of its document (the first at a uniform depth; the
+others follow it, each answered: more signal for one pass of the encoder), and runs its decoder
 from the serving replay floor (prompt - window) or, half the time, from 6 windows before the
 prompt's end, where the decoder rows see what the full forward would show them. The data of
 step s is drawn from random.Random(f"{seed}:{s}"), so a resumed run sees the same examples.
@@ -16,6 +20,7 @@ step s is drawn from random.Random(f"{seed}:{s}"), so a resumed run sees the sam
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -35,21 +40,21 @@ class Stage:
     steps: int
     lengths: tuple
     facts: tuple
+    questions: tuple
     modes: Modes
+    supervise: float = 0.0
 
 
 CURRICULUM = (
-    Stage("dense", 1000, (256, 768), (2, 6), Modes(True, True)),
-    Stage("sparse", 1600, (256, 2048), (2, 12), SPARSE),
-    Stage("long", 300, (1024, 4096), (4, 16), SPARSE),
+    Stage("recall", 1000, (192, 512), (2, 8), (8, 8), Modes(True, True), supervise=1.0),
+    Stage("dense", 600, (256, 1024), (2, 8), (1, 4), Modes(False, True), supervise=1.0),
+    Stage("sparse", 1200, (256, 2048), (2, 12), (1, 3), SPARSE),
+    Stage("long", 300, (1024, 4096), (4, 16), (1, 3), SPARSE),
 )
 
 
 def scaled(curriculum: tuple, scale: float) -> tuple:
-    return tuple(
-        Stage(s.name, max(1, round(s.steps * scale)), s.lengths, s.facts, s.modes)
-        for s in curriculum
-    )
+    return tuple(dataclasses.replace(s, steps=max(1, round(s.steps * scale))) for s in curriculum)
 
 
 def total_steps(curriculum: tuple) -> int:
@@ -82,7 +87,7 @@ def draw_sample(
     n_facts = rng.randint(*stage.facts)
     doc = make_document(rng, filler, n_tokens, tt.count, n_facts, split="train")
     others = [j for j in range(n_facts) if j != doc.asked]
-    more = tuple(rng.sample(others, min(len(others), rng.randint(0, 2))))
+    more = tuple(rng.sample(others, min(len(others), rng.randint(*stage.questions) - 1)))
     ex = encode_example(tt, doc, rng.choice(FORMS), more)
     back = window if rng.random() < 0.5 else window * FLOOR_WINDOWS
     floor = max(0, ex.prompt_len - back)

@@ -8,7 +8,9 @@ tokenized whole, exactly as `/v1/completions` does (bos prepended), and the chat
 the checkpoint's chat template tokenized without added specials: every piece boundary sits at a
 special token or a digit, where byte-level BPE never merges across. Later questions (a training
 device: more retrieval per document) ask about other facts of the same document. Targets are
-the answer digits and the eos closing the raw sequence or each chat answer.
+the answer digits and the eos closing the raw sequence or each chat answer. Each digit target
+also names its source: the position of the same digit in the asked fact's line of the prompt,
+where a retrieving attention should look (`training.supervision`).
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ BOS_ID, EOS_ID = SPECIAL_TOKENS.index(BOS), SPECIAL_TOKENS.index(EOS)
 @dataclass
 class Example:
     """ids: int token ids [L]; rows: positions whose next token is a target; targets: those
-    tokens; prompt_len: tokens of the first prompt (what a server prefills before answering)."""
+    tokens; sources: per target, the prompt position of the fact's digit it copies (-1 for an
+    eos); prompt_len: tokens of the first prompt (what a server prefills before answering)."""
 
     ids: list
     rows: list
     targets: list
+    sources: list
     prompt_len: int
 
 
@@ -62,16 +66,21 @@ def encode_example(tt: TaskTokenizer, doc: Document, form: str, more: tuple = ()
     ids: list = [BOS_ID]
     rows: list = []
     targets: list = []
+    sources: list = []
 
     def answer(code: str):
-        for d in tt.encode(code):
+        digits = tt.encode(code)
+        at = find_run(ids[:prompt_len], digits)
+        for k, d in enumerate(digits):
             rows.append(len(ids) - 1)
             targets.append(d)
+            sources.append(at + k)
             ids.append(d)
 
     def close():
         rows.append(len(ids) - 1)
         targets.append(EOS_ID)
+        sources.append(-1)
         ids.append(EOS_ID)
 
     if form == "raw":
@@ -89,4 +98,14 @@ def encode_example(tt: TaskTokenizer, doc: Document, form: str, more: tuple = ()
             ids += [USER] + tt.encode(question_line(name)) + [ASSISTANT, THINK_END]
         answer(code)
     close()
-    return Example(ids, rows, targets, prompt_len)
+    return Example(ids, rows, targets, sources, prompt_len)
+
+
+def find_run(ids: list, run: list) -> int:
+    """The one position where `run` occurs in `ids` (a code's digits in its fact line: filler has
+    no run of four digits and codes are distinct); ValueError otherwise."""
+    n = len(run)
+    hits = [p for p in range(len(ids) - n + 1) if ids[p : p + n] == run]
+    if len(hits) != 1:
+        raise ValueError(f"digit run {run} occurs {len(hits)} times in the prompt, expected once")
+    return hits[0]

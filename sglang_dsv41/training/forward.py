@@ -46,16 +46,18 @@ def train_forward(
     rows: torch.Tensor,
     floor: int = 0,
     modes: Modes = SPARSE,
+    keep: frozenset = frozenset(),
 ):
     """input_ids int64 [L], rows int64 [R] (positions >= floor whose next token is predicted)
-    -> (logits fp32 [R, vocab] with graph, TrainState holding the distillation groups)."""
+    -> (logits fp32 [R, vocab] with graph, TrainState holding the distillation groups and, for
+    the dense layers in `keep`, their attention probabilities over the rows >= floor)."""
     cfg, L = model.cfg, input_ids.shape[0]
     if int(rows.min()) < floor:
         raise ValueError(f"rows start at {int(rows.min())}, below the replay floor {floor}")
     device = input_ids.device
     pos_all = torch.arange(L, device=device)
     state = model.residual.init(model.embed(input_ids))
-    st = TrainState()
+    st = TrainState(keep=frozenset(keep))
     pos, swa_floor = pos_all, 0
     with indexer_straight_through():
         for i, block in enumerate(model.layers):

@@ -5,9 +5,11 @@
 
 Per step: `batch` sequences of the current stage (`training.curriculum`); per sequence the
 training forward (`training.forward`), the language-model loss (cross-entropy of the answer
-digits and closing eos, averaged over the step's targets) plus the indexer's distillation loss
-(`training.distill`, averaged over sequences); gradients summed over the batch, clipped to norm
-1, AdamW (betas 0.9 / 0.95, no weight decay). Learning rate: linear warm-up over WARMUP steps,
+digits and closing eos, averaged over the step's targets), the indexer's distillation loss
+(`training.distill`, averaged over sequences) and, in supervised stages, the attention
+supervision of the decoder's Full layer (`training.supervision`, averaged over the step's digit
+targets, times the stage's weight); gradients summed over the batch, clipped to norm 1, AdamW
+(betas 0.9 / 0.95, no weight decay). Learning rate: linear warm-up over WARMUP steps,
 constant, then cosine to 10 % over the last 30 % of the steps.
 
 Every --save-every steps the run state (model, optimizer, step) goes to --state atomically and
@@ -46,6 +48,7 @@ from sglang_dsv41.training.filler import TRAIN_SOURCE, filler_lines
 from sglang_dsv41.training.forward import train_forward
 from sglang_dsv41.training.init import count_parameters, initial_model, trainable_parameters
 from sglang_dsv41.training.probe import probe_accuracy, probe_set
+from sglang_dsv41.training.supervision import supervision_loss
 from sglang_dsv41.training.task import CODE_DIGITS
 
 WARMUP = 100
@@ -63,20 +66,34 @@ def learning_rate(step: int, total: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def run_step(model, samples: list, device) -> dict:
-    """Forward and backward of one batch (gradients accumulate); returns the step's figures."""
+def run_step(model, samples: list, device, supervise: float = 0.0) -> dict:
+    """Forward and backward of one batch (gradients accumulate); returns the step's figures.
+    supervise: weight of the attention supervision (used where the decoder attends densely)."""
     n_targets = sum(len(s.example.targets) for s in samples)
-    lm_sum, kl_sum, hits, first, exact = 0.0, 0.0, 0, 0, 0
+    n_digits = sum(sum(src >= 0 for src in s.example.sources) for s in samples)
+    layer = model.cfg.decoder_start  # the decoder's Full layer: its entries are positions
+    lm_sum, kl_sum, sup_sum, mass_sum, hits, first, exact = 0.0, 0.0, 0.0, 0.0, 0, 0, 0
     kl_layers: dict = {}
     for s in samples:
         ex = s.example
         ids = torch.tensor(ex.ids, dtype=torch.int64, device=device)
         rows = torch.tensor(ex.rows, dtype=torch.int64, device=device)
         want = torch.tensor(ex.targets, dtype=torch.int64, device=device)
-        logits, st = train_forward(model, ids, rows, s.floor, s.modes)
+        sup_on = supervise > 0 and s.modes.decoder_dense
+        keep = frozenset({layer}) if sup_on else frozenset()
+        logits, st = train_forward(model, ids, rows, s.floor, s.modes, keep)
         lm = F.cross_entropy(logits, want, reduction="sum")
         kl = indexer_loss(st.groups)
-        (lm / n_targets + kl / len(samples)).backward()
+        loss = lm / n_targets + kl / len(samples)
+        if sup_on:
+            digit = [i for i, src in enumerate(ex.sources) if src >= 0]
+            sup_rows = torch.tensor([ex.rows[i] - s.floor for i in digit], device=device)
+            sources = torch.tensor([ex.sources[i] for i in digit], device=device)
+            sup, mass = supervision_loss(st.kept[layer], sup_rows, sources)
+            loss = loss + supervise * sup / n_digits
+            sup_sum += float(sup.detach())
+            mass_sum += mass
+        loss.backward()
         lm_sum += float(lm.detach())
         kl_sum += float(kl.detach())
         right = (logits.argmax(-1) == want).cpu()
@@ -91,6 +108,8 @@ def run_step(model, samples: list, device) -> dict:
         "acc": hits / n_targets,
         "first": first / len(samples),
         "exact": exact / len(samples),
+        "sup": sup_sum / max(1, n_digits),
+        "mass": mass_sum / len(samples),
         "kl_layers": {str(k): round(v, 4) for k, v in sorted(kl_layers.items())},
         "tokens": sum(len(s.example.ids) for s in samples),
     }
@@ -164,7 +183,7 @@ def main(argv=None) -> int:
         samples = step_samples(args.seed, step, stage, args.batch, tt, filler, cfg.sliding_window)
         t0 = time.time()
         opt.zero_grad(set_to_none=True)
-        figs = run_step(model, samples, device)
+        figs = run_step(model, samples, device, stage.supervise)
         gnorm = float(torch.nn.utils.clip_grad_norm_(trainable_parameters(model), 1.0))
         opt.step()
         step += 1

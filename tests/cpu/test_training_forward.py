@@ -99,10 +99,11 @@ def test_a_few_steps_reduce_the_loss():
     opt = torch.optim.AdamW(trainable_parameters(model), lr=3e-3, betas=(0.9, 0.95))
     losses = []
     for step, modes in enumerate([DENSE] * 12 + [SPARSE] * 12):
-        stage = Stage("t", 1, (64, 128), (2, 3), modes)
+        stage = Stage("t", 1, (64, 128), (2, 3), (1, 3), modes)
         samples = step_samples(0, step, stage, 4, tt, filler, cfg.sliding_window)
         opt.zero_grad()
-        figs = run_step(model, samples, "cpu")
+        figs = run_step(model, samples, "cpu", supervise=1.0)
         opt.step()
-        losses.append(figs["lm"] + figs["kl"])
+        losses.append(figs["lm"] + figs["kl"] + figs["sup"])
+        assert (figs["sup"] > 0) == (modes is DENSE)
     assert sum(losses[-4:]) / 4 < 0.6 * sum(losses[:4]) / 4, losses

@@ -85,6 +85,11 @@ def test_raw_example_matches_the_served_tokenization(tt):
     assert ex.targets[:6] == digits and ex.rows[0] == ex.prompt_len - 1
     assert [ex.ids[r + 1] for r in ex.rows] == ex.targets
     assert ex.targets[-1] == EOS_ID and len(ex.targets) == 13
+    # every digit target names the same digit inside its fact's line of the prompt
+    assert ex.sources[-1] == -1 and all(s < ex.prompt_len for s in ex.sources)
+    assert [ex.ids[s] for s in ex.sources[:-1]] == ex.targets[:-1]
+    line = tt.encode(fact_line(doc.name, doc.code))
+    assert ex.ids[ex.sources[0] - len(line) + 7 : ex.sources[5] + 2] == line
 
 
 def test_chat_example_matches_the_chat_template(tt):
