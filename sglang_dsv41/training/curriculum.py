@@ -53,6 +53,16 @@ CURRICULUM = (
 )
 
 
+POLISH_STEPS = 0
+"""Steps of the polish stage the shipped weights were trained with (train.py --polish)."""
+
+
+def polish_stage(steps: int) -> tuple:
+    """The stage after the curriculum: served attention over 512-4096 tokens, at the final
+    learning rate."""
+    return (Stage("polish", steps, (512, 4096), (2, 16), (1, 3), SPARSE),)
+
+
 def scaled(curriculum: tuple, scale: float) -> tuple:
     return tuple(dataclasses.replace(s, steps=max(1, round(s.steps * scale))) for s in curriculum)
 

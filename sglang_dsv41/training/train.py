@@ -10,12 +10,14 @@ digits and closing eos, averaged over the step's targets), the indexer's distill
 supervision of the decoder's Full layer (`training.supervision`, averaged over the step's digit
 targets, times the stage's weight); gradients summed over the batch, clipped to norm 1, AdamW
 (betas 0.9 / 0.95, no weight decay). Learning rate: linear warm-up over WARMUP steps,
-constant, then cosine to 10 % over the last 30 % of the steps.
+constant, then cosine to 10 % over the last 30 % of the curriculum's steps, and 10 % through the
+polish stage that may follow it (--polish: appending it leaves every earlier step as it was).
 
 Every --save-every steps the run state (model, optimizer, step) goes to --state atomically and
 the checkpoint to --out; a run started with an existing --state resumes from it and, the data
 of each step being a function of (seed, step), continues exactly as the uninterrupted run would
-(CPU with --threads 1; the same machine type). Every --probe-every steps a held-out probe
+(CPU with --threads 1; the same machine type). On CUDA torch's deterministic algorithms are
+requested (warn-only: an op without one still runs). Every --probe-every steps a held-out probe
 (training.probe) is logged. The log is one JSON object per line.
 """
 
@@ -36,6 +38,8 @@ from sglang_dsv41.config import preset
 from sglang_dsv41.tools.tokenizer import train_tokenizer
 from sglang_dsv41.training.curriculum import (
     CURRICULUM,
+    POLISH_STEPS,
+    polish_stage,
     scaled,
     stage_at,
     step_samples,
@@ -62,7 +66,7 @@ def learning_rate(step: int, total: int, peak: float) -> float:
     start = int(total * DECAY_FROM)
     if step < start:
         return peak
-    t = (step - start) / max(1, total - start)
+    t = min(1.0, (step - start) / max(1, total - start))
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
@@ -136,6 +140,13 @@ def parse_args(argv):
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--probe-every", type=int, default=100)
     p.add_argument("--stop-after", type=int, help="stop after this step (resume later)")
+    p.add_argument(
+        "--polish",
+        type=int,
+        default=POLISH_STEPS,
+        help=f"steps of the polish stage after the curriculum, at the final learning rate "
+        f"(default {POLISH_STEPS})",
+    )
     return p.parse_args(argv)
 
 
@@ -144,9 +155,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
+    if device.type == "cuda":  # deterministic kernels where torch has them (cuBLAS needs this)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     cfg = preset(args.preset)
-    curriculum = scaled(CURRICULUM, args.scale)
-    total = total_steps(curriculum)
+    base = scaled(CURRICULUM, args.scale)
+    curriculum = base + scaled(polish_stage(args.polish), args.scale) if args.polish else base
+    total, decay_total = total_steps(curriculum), total_steps(base)
     tt = TaskTokenizer(train_tokenizer(cfg.vocab_size))
     filler = filler_lines(TRAIN_SOURCE)
     model = initial_model(cfg, args.seed, device)
@@ -177,7 +192,7 @@ def main(argv=None) -> int:
     t_run = time.time()
     while step < total and (args.stop_after is None or step < args.stop_after):
         stage = stage_at(curriculum, step)
-        lr = learning_rate(step, total, args.lr)
+        lr = learning_rate(step, decay_total, args.lr)
         for g in opt.param_groups:
             g["lr"] = lr
         samples = step_samples(args.seed, step, stage, args.batch, tt, filler, cfg.sliding_window)
