@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -151,7 +152,8 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv_list)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -187,6 +189,7 @@ def main(argv=None) -> int:
         "device": str(device),
         "threads": args.threads,
         "torch": torch.__version__,
+        "command": shlex.join(["python", "-m", "sglang_dsv41.training.train", *argv_list]),
     }
     print(json.dumps({"start": step, "total": total, **info}), file=log, flush=True)
     t_run = time.time()
