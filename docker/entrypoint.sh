@@ -1,7 +1,7 @@
 #!/bin/sh
 # Start `python3 -m sglang.launch_server` on $MODEL_PATH, listening on $HOST:$PORT; the container's
 # arguments are appended. DSV41_DEVICE=cpu serves on CPU and, with MODEL_PATH empty, serves the
-# embedded retrieval model (sglang_dsv41.tools.serve; MODEL_PATH=tiny: the random tiny model).
+# embedded tiny model (sglang_dsv41.tools.serve writes it once).
 set -eu
 if [ "${DSV41_DEVICE:-cuda}" = "cpu" ]; then
     if [ -n "${MODEL_PATH:-}" ]; then
