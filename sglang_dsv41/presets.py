@@ -5,6 +5,7 @@ tiny   CI: every role (SWA, Full, Reuse, Reindex), two encoder groups, two Reind
        pool (12 blocks x 4 = 48 positions).
 small  CPU demo: the same layout, wider.
 flash  V4.1-Flash attention geometry (docs/design.md 2.1).
+retrieval  the trained model served by default: tiny's roles, wider (docs/retrieval_model.md).
 """
 
 
@@ -134,4 +135,34 @@ def flash() -> dict:
     }
 
 
-PRESETS = {"tiny": tiny, "small": small, "flash": flash}
+def retrieval() -> dict:
+    """The trained retrieval model (docs/retrieval_model.md): tiny's layout of roles, wider,
+    with a window of 32 and a top-k of 16 entries in a candidate pool of 16 blocks x 8 = 128
+    positions, so that past a few hundred tokens an answer must come through the indexer.
+
+    Global layers use RoPE base 500 and no YaRN: every rotary frequency turns through a full
+    period within 1.5K positions, so a model trained on 0.25-4K tokens has seen every angle it
+    meets at 16K (a large base leaves slow dimensions whose angles at 16K were never trained).
+    """
+    cfg = tiny()
+    cfg.update(
+        {
+            "hidden_size": 128,
+            "q_lora_rank": 64,
+            "o_lora_rank": 64,
+            "sliding_window": 32,
+            "candidate_topk_blocks": 16,
+            "candidate_block_size": 8,
+            "index_n_heads": 4,
+            "index_head_dim": 64,
+            "index_topk": 16,
+            "compress_rope_theta": 500.0,
+            "rope_scaling": None,
+            "max_position_embeddings": 32768,
+            "moe_intermediate_size": 64,
+        }
+    )
+    return cfg
+
+
+PRESETS = {"tiny": tiny, "small": small, "flash": flash, "retrieval": retrieval}

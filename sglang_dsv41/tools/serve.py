@@ -1,9 +1,11 @@
-"""Serve a V4.1 checkpoint with stock SGLang; with no --model-path, the embedded tiny model.
+"""Serve a V4.1 checkpoint with stock SGLang; with no --model-path, the embedded retrieval model.
 
     python -m sglang_dsv41.tools.serve [--model-path DIR] [any sglang.launch_server argument]
 
-Without --model-path the tiny preset checkpoint is written once to
-$DSV41_MODELS (default ~/.cache/sglang-dsv41/models)/tiny by `tools.make_checkpoint`. Without
+Without --model-path it serves the trained retrieval model shipped in the package
+(`sglang_dsv41/data/retrieval`, docs/retrieval_model.md); `--model-path tiny` serves the random
+tiny preset, written once to $DSV41_MODELS (default ~/.cache/sglang-dsv41/models)/tiny by
+`tools.make_checkpoint`. Without
 CUDA, `--device cpu` is added, and `--sleep-on-idle` (SGLang's scheduler otherwise polls a core
 while idle). Then this process becomes `python -m sglang.launch_server ...`: the plugin entry
 point does the rest (docs/serving.md).
@@ -15,6 +17,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+RETRIEVAL_DIR = Path(__file__).resolve().parent.parent / "data" / "retrieval"
+"""The trained retrieval checkpoint shipped in the package (config, weights, tokenizer)."""
+TINY = "tiny"
+"""--model-path value that names the random tiny preset."""
 
 
 def models_dir() -> Path:
@@ -40,6 +47,27 @@ def ensure_tiny() -> str:
     return str(out)
 
 
+def default_model() -> str:
+    """The checkpoint served without --model-path: the shipped retrieval model."""
+    if not (RETRIEVAL_DIR / "config.json").is_file():
+        raise FileNotFoundError(f"the retrieval checkpoint is missing from {RETRIEVAL_DIR}")
+    return str(RETRIEVAL_DIR)
+
+
+def _resolve(path: str) -> str:
+    return ensure_tiny() if path == TINY else path
+
+
+def _model_arg(args: list) -> list:
+    """args with --model-path set: the default when absent, the tiny checkpoint for `tiny`."""
+    for i, a in enumerate(args):
+        if a == "--model-path" and i + 1 < len(args):
+            return args[: i + 1] + [_resolve(args[i + 1])] + args[i + 2 :]
+        if a.startswith("--model-path="):
+            return args[:i] + ["--model-path=" + _resolve(a.split("=", 1)[1])] + args[i + 1 :]
+    return ["--model-path", default_model()] + args
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -50,9 +78,7 @@ def _has_cuda() -> bool:
 
 
 def build_command(argv: list) -> list:
-    args = list(argv)
-    if "--model-path" not in args and not any(a.startswith("--model-path=") for a in args):
-        args = ["--model-path", ensure_tiny()] + args
+    args = _model_arg(list(argv))
     if not any(a == "--device" or a.startswith("--device=") for a in args) and not _has_cuda():
         args += ["--device", "cpu"]
     if (

@@ -133,7 +133,8 @@ def test_kv_report_cli_json(tmp_path, capsys):
 
 
 def test_serve_command(monkeypatch, tmp_path):
-    monkeypatch.setattr(serve, "ensure_tiny", lambda: str(tmp_path))
+    monkeypatch.setattr(serve, "default_model", lambda: str(tmp_path))
+    monkeypatch.setattr(serve, "ensure_tiny", lambda: "TINY_DIR")
     monkeypatch.setattr(serve, "_has_cuda", lambda: False)
     cmd = serve.build_command(["--port", "3"])
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
@@ -141,6 +142,8 @@ def test_serve_command(monkeypatch, tmp_path):
     assert cmd[-3:] == ["--device", "cpu", "--sleep-on-idle"]
     cmd = serve.build_command(["--model-path", "X", "--device", "cuda"])
     assert "--sleep-on-idle" not in cmd and str(tmp_path) not in cmd
+    assert serve.build_command(["--model-path", "tiny"])[3:5] == ["--model-path", "TINY_DIR"]
+    assert "--model-path=TINY_DIR" in serve.build_command(["--model-path=tiny"])
 
 
 def test_attention_dtype_option_from_environment():

@@ -1,0 +1,101 @@
+"""Did the sparse path hold the needle? The oracle's selections at the row that writes the answer.
+
+    python -m sglang_dsv41.training.needle_recall --model DIR [--lengths 1024,4096,16384]
+        [--per-length 8] [--facts 4] [--json OUT]
+
+For held-out documents (the evaluation filler and names, depths spread over 0..1, raw form), one
+oracle forward (`reference`, full forward) per document keeps its SharedState. At the last
+prompt row (the one whose logits give the first digit) it reports, per document and averaged
+per length:
+    pool       the fact's first digit entry is in the candidate pool (decoder ratio-1 entries are
+               token positions)
+    topk[L]    the entry is in the top-k of index source L (decoder Full and Reindex layers)
+    first      the oracle's greedy first digit is right
+tools.recall_report measures the same shortcuts against the model's own dense attention on any
+text; this report asks the question that matters for retrieval.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+from sglang_dsv41.reference.attention import SharedState
+from sglang_dsv41.tools.cli import cli_parser
+from sglang_dsv41.training.examples import TaskTokenizer, encode_example
+from sglang_dsv41.training.filler import HELD_OUT_SOURCE, filler_lines
+from sglang_dsv41.training.task import make_document
+
+
+def needle_rows(model, tt: TaskTokenizer, length: int, per_length: int, facts: int, seed: int):
+    cfg = model.cfg
+    sources = [i for i in cfg.index_source_layer_ids if cfg.is_decoder(i)]
+    rng = random.Random(f"needle:{seed}:{length}")
+    out = []
+    for k in range(per_length):
+        depth = k / max(1, per_length - 1)
+        filler = filler_lines(HELD_OUT_SOURCE)
+        doc = make_document(rng, filler, length, tt.count, facts, depth, split="eval")
+        ex = encode_example(tt, doc, "raw")
+        ids = torch.tensor(ex.ids[: ex.prompt_len], dtype=torch.int64)
+        state = SharedState()
+        with torch.no_grad():
+            logits = model(ids, shared=state)
+        row, entry = ex.prompt_len - 1, ex.sources[0]
+        rec = {
+            "length": length,
+            "depth": depth,
+            "prompt_tokens": ex.prompt_len,
+            "pool": bool(state.pool["mask"][row, entry]),
+            "first": int(logits[row].argmax()) == ex.targets[0],
+        }
+        for i in sources:
+            rec[f"topk[{i}]"] = bool((state.topk[i][row] == entry).any())
+        out.append(rec)
+    return out
+
+
+def summarize(records: list) -> dict:
+    keys = [k for k in records[0] if k == "pool" or k == "first" or k.startswith("topk")]
+    table = {}
+    for n in sorted({r["length"] for r in records}):
+        rows = [r for r in records if r["length"] == n]
+        table[str(n)] = {k: sum(r[k] for r in rows) / len(rows) for k in keys}
+    return table
+
+
+def main(argv=None) -> int:
+    from sglang_dsv41.reference import load_reference
+
+    p = cli_parser("sglang_dsv41.training.needle_recall", __doc__)
+    p.add_argument("--model", required=True)
+    p.add_argument("--lengths", default="1024,4096,16384")
+    p.add_argument("--per-length", type=int, default=8)
+    p.add_argument("--facts", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write records and table here")
+    args = p.parse_args(argv)
+    from tokenizers import Tokenizer
+
+    torch.set_num_threads(1)
+    model = load_reference(args.model)
+    tt = TaskTokenizer(Tokenizer.from_file(str(Path(args.model) / "tokenizer.json")))
+    records = []
+    for n in [int(x) for x in args.lengths.split(",")]:
+        records += needle_rows(model, tt, n, args.per_length, args.facts, args.seed)
+    table = summarize(records)
+    keys = list(next(iter(table.values())))
+    print("length " + " ".join(f"{k:>9}" for k in keys))
+    for n, row in table.items():
+        print(f"{n:>6} " + " ".join(f"{row[k]:>9.0%}" for k in keys))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"table": table, "records": records}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""A trained model leaves as a checkpoint the oracle loads, and a resumed run equals an
+uninterrupted one bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from sglang_dsv41.config import preset
+from sglang_dsv41.reference import load_reference
+from sglang_dsv41.training.export import TRAINING_FILE, export_checkpoint
+from sglang_dsv41.training.init import initial_model
+from sglang_dsv41.training.train import main as train_main
+
+
+def test_export_loads_in_the_oracle(tmp_path):
+    model = initial_model(preset("tiny"), seed=5)
+    out = export_checkpoint(model, "tiny", tmp_path / "ckpt", {"seed": 5})
+    assert json.loads((out / TRAINING_FILE).read_text()) == {"seed": 5}
+    loaded = load_reference(out)
+    ids = torch.randint(2, 512, (90,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded.forward(ids), model.forward(ids))
+    for path in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (out / path).is_file()
+
+
+def test_resumed_run_equals_the_uninterrupted_run(tmp_path):
+    common = ["--preset", "tiny", "--batch", "1", "--scale", "0.002", "--probe-every", "1000"]
+    common += ["--save-every", "2"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    args = ["--out", str(whole), "--state", str(tmp_path / "w.pt"), "--log", str(tmp_path / "w")]
+    assert train_main(common + args) == 0
+    args = ["--out", str(parts), "--state", str(tmp_path / "p.pt"), "--log", str(tmp_path / "p")]
+    assert train_main(common + args + ["--stop-after", "2"]) == 0
+    assert train_main(common + args) == 0
+    a = load_file(str(whole / "model.safetensors"))
+    b = load_file(str(parts / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(line) for line in (tmp_path / "p").read_text().splitlines()]
+    assert [r["step"] for r in steps if "step" in r] == [1, 2, 3, 4, 5, 6]
