@@ -1,7 +1,7 @@
 #!/bin/sh
 # Start `python3 -m sglang.launch_server` on $MODEL_PATH, listening on $HOST:$PORT; the container's
 # arguments are appended. DSV41_DEVICE=cpu serves on CPU and, with MODEL_PATH empty, serves the
-# embedded tiny model (sglang_dsv41.tools.serve writes it once).
+# embedded retrieval model (sglang_dsv41.tools.serve's default; --model-path tiny: the random one).
 # API_KEY / ADMIN_API_KEY become --api-key / --admin-api-key (every route / the admin routes such
 # as /pause_generation). A HOST beyond loopback without an API key is refused unless
 # DSV41_ALLOW_NO_API_KEY=1 says so: without a key every route, admin routes included, is open to
