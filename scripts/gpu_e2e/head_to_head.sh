@@ -113,8 +113,9 @@ step_oracle() {
 step_bench() {
   env_ok || return
   cd /tmp
-  timeout 580 "$PY" "$ROOT/benchmarks/head_to_head.py" --model-path "$SLICE" \
-    --profile "$PROFILE" --work "$WORK/bench" --out "$OUT" --budget-s 540 2>&1 | tail -n 30 |
+  timeout "${TABLE_TIMEOUT_S:-580}" "$PY" "$ROOT/benchmarks/head_to_head.py" --model-path "$SLICE" \
+    --profile "$PROFILE" --work "$WORK/bench" --out "$OUT" --budget-s "${BUDGET_S:-540}" 2>&1 |
+    tail -n 30 |
     tee -a "$OUT/summary.txt"
 }
 
