@@ -132,7 +132,7 @@ def launch_spec(side: str, model_path: str, port: int, s: Settings, extra=()) ->
         argv += ["--disable-cuda-graph"]
         env = {SWITCH_ENV: "on"}
     else:
-        argv += ["--cuda-graph-max-bs", str(s.cuda_graph_max_bs)]
+        argv += ["--cuda-graph-max-bs-decode", str(s.cuda_graph_max_bs)]
         env = {SWITCH_ENV: "off"}
     env.update(PROFILES[s.profile].env)
     return argv + list(extra), env

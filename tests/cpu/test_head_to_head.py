@@ -35,13 +35,30 @@ def test_both_sides_share_every_flag_but_the_switch_and_graphs():
     stock, stock_env = launch_spec("stock", "/m", 1, s)
     shared = common_flags(s)
     assert ours[:-1] == stock[:-2] and ours[:-1][-len(shared) :] == shared
-    assert ours[-1:] == ["--disable-cuda-graph"] and stock[-2:] == ["--cuda-graph-max-bs", "64"]
+    assert ours[-1:] == ["--disable-cuda-graph"]
+    assert stock[-2:] == ["--cuda-graph-max-bs-decode", "64"]
     assert ours_env[SWITCH_ENV] == "on" and stock_env[SWITCH_ENV] == "off"
     for key, value in PROFILES["marlin"].env.items():
         assert ours_env[key] == stock_env[key] == value
     assert "--moe-runner-backend" in shared and "marlin" in shared
     with pytest.raises(ValueError, match="side"):
         launch_spec("both", "/m", 1, s)
+
+
+def test_sglang_parses_both_launches():
+    """Every flag of both launches is one SGLang 0.5.23 takes, spelled out (its own parser, no
+    abbreviations: `--cuda-graph-max-bs` is ambiguous there and ended the stock launch)."""
+    import argparse
+
+    pytest.importorskip("sglang.srt.server_args")
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    ServerArgs.add_cli_args(parser)
+    for side, graphs in (("ours", None), ("stock", 64)):
+        argv, _ = launch_spec(side, "/m", 1, Settings(profile="marlin"))
+        ns = parser.parse_args(argv[argv.index("sglang.launch_server") + 1 :])
+        assert ns.cuda_graph_max_bs_decode == graphs and ns.mem_fraction_static == 0.85
 
 
 def test_stock_log():

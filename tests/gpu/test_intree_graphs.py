@@ -63,7 +63,7 @@ class GpuServer:
         self.port = _port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = ["--model-path", model, "--host", "127.0.0.1", "--port", str(self.port)]
-        args += ["--cuda-graph-max-bs", str(MAX_BS), "--mem-fraction-static", "0.6"]
+        args += ["--cuda-graph-max-bs-decode", str(MAX_BS), "--mem-fraction-static", "0.6"]
         args += ["--disable-prefill-cuda-graph"] if graphs else ["--disable-cuda-graph"]
         if not replay:
             args.append("--no-enable-decoder-swa-bounded-replay")
