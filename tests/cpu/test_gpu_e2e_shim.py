@@ -178,3 +178,29 @@ def test_shim_hook_loads_before_the_first_import(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "42", out.stderr[-1500:]
+
+
+def test_cuda_key_fix_gives_cpu_only_ops_a_cuda_kernel():
+    """preload/cuda_key_fix: an op of the namespace with a CPU kernel and none for CUDA gets one
+    (once); ops that have a CUDA kernel and other namespaces are left alone."""
+    code = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+lib = torch.library.Library("dsv41keytest", "DEF")
+lib.define("twice(Tensor x) -> Tensor")
+lib.define("both(Tensor x) -> Tensor")
+lib.impl("twice", lambda x: x * 2, "CPU")
+lib.impl("both", lambda x: x + 1, "CPU")
+lib.impl("both", lambda x: x + 1, "CUDA")
+import cuda_key_fix
+has = torch._C._dispatch_has_kernel_for_dispatch_key
+assert not has("dsv41keytest::twice", "CUDA")
+assert cuda_key_fix.fix("dsv41keytest") == 1
+assert has("dsv41keytest::twice", "CUDA") and cuda_key_fix.fix("dsv41keytest") == 0
+assert torch.equal(torch.ops.dsv41keytest.twice(torch.ones(3)), torch.full((3,), 2.0))
+print("ok")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(PRELOAD)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
