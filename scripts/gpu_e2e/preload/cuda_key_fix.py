@@ -6,9 +6,9 @@ op of its namespace with a CPU kernel and no CUDA kernel gets a CUDA kernel that
 that CPU entry (the library's CUDA code). Test infrastructure for the lent H200 only.
 """
 
-import importlib.abc
-import importlib.util
 import sys
+
+from post_import import after_import
 
 _NAMESPACES = {"sgl_kernel": "sgl_kernel", "deep_gemm": "deep_gemm"}
 _LIBS = []
@@ -39,28 +39,11 @@ def fix(ns: str) -> int:
     return n
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name not in _NAMESPACES:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        original = spec.loader.exec_module
-
-        def exec_module(module, _original=original, _ns=_NAMESPACES[name]):
-            _original(module)
-            try:
-                fix(_ns)
-            except Exception as e:  # the import stands; the ops stay as they were
-                print(f"cuda_key_fix: {_ns}: {type(e).__name__}: {e}", file=sys.stderr)
-
-        spec.loader.exec_module = exec_module
-        return spec
+def _fix_quietly(module) -> None:
+    try:
+        fix(_NAMESPACES[module.__name__])
+    except Exception as e:  # the import stands; the ops stay as they were
+        print(f"cuda_key_fix: {module.__name__}: {type(e).__name__}: {e}", file=sys.stderr)
 
 
-sys.meta_path.insert(0, _AfterImport())
+after_import(_NAMESPACES, _fix_quietly)

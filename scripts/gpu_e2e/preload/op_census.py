@@ -18,13 +18,13 @@ timed ones.
 import atexit
 import collections
 import functools
-import importlib.abc
-import importlib.util
 import inspect
 import json
 import os
 import sys
 import threading
+
+from post_import import after_import
 
 CENSUS_MODULES = (
     "sgl_kernel",
@@ -76,29 +76,6 @@ def _wrap(module) -> None:
             pass
 
 
-class _Watch(importlib.abc.MetaPathFinder):
-    """After a watched module finishes importing, wrap it (a post-import hook)."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in CENSUS_MODULES:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        exec_module = spec.loader.exec_module
-
-        def exec_and_wrap(module):
-            exec_module(module)
-            _wrap(module)
-
-        spec.loader.exec_module = exec_and_wrap
-        return spec
-
-
 def _dump() -> None:
     out = os.environ["DSV41_OP_CENSUS"]
     os.makedirs(out, exist_ok=True)
@@ -113,7 +90,7 @@ def _every(seconds: float) -> None:
 
 
 def install() -> None:
-    sys.meta_path.insert(0, _Watch())
+    after_import(CENSUS_MODULES, _wrap)  # wrap each watched module once it is imported
     atexit.register(_dump)
     threading.Thread(target=_every, args=(5.0,), daemon=True).start()
 
