@@ -83,15 +83,26 @@ def ask(url: str, doc, form: str, timeout: float) -> tuple:
     return text, out.get("usage", {}).get("prompt_tokens")
 
 
-def evaluate(args, count, progress=sys.stderr) -> dict:
+def eval_documents(args, count):
+    """-> [(length, depth, index, Document)]: the questions of --lengths x --depths x
+    --per-cell, each seeded by (seed, length, depth, index); count: str -> tokens."""
     filler = filler_lines(args.filler)
     split = "eval" if args.filler == HELD_OUT_SOURCE else "train"
+    out = []
+    for n in args.lengths:
+        for d in args.depths:
+            for k in range(args.per_cell):
+                rng = random.Random(f"eval:{args.seed}:{n}:{d}:{k}")
+                doc = make_document(rng, filler, n, count, args.facts, depth=d, split=split)
+                out.append((n, d, k, doc))
+    return out
+
+
+def evaluate(args, count, progress=sys.stderr) -> dict:
     records = []
-    cells = [(n, d, k) for n in args.lengths for d in args.depths for k in range(args.per_cell)]
+    cells = eval_documents(args, count)
     t_all = time.time()
-    for j, (n, d, k) in enumerate(cells):
-        rng = random.Random(f"eval:{args.seed}:{n}:{d}:{k}")
-        doc = make_document(rng, filler, n, count, args.facts, depth=d, split=split)
+    for j, (n, d, k, doc) in enumerate(cells):
         t0 = time.time()
         text, prompt_tokens = ask(args.url, doc, args.form, args.timeout)
         got = first_code(text)

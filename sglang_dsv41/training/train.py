@@ -18,7 +18,11 @@ the checkpoint to --out; a run started with an existing --state resumes from it 
 of each step being a function of (seed, step), continues exactly as the uninterrupted run would
 (CPU with --threads 1; the same machine type). On CUDA torch's deterministic algorithms are
 requested (warn-only: an op without one still runs). Every --probe-every steps a held-out probe
-(training.probe) is logged. The log is one JSON object per line.
+(training.probe) is logged; every --eval-every steps the checkpoint is also written to
+--snapshots/step-NNNNN (when given) and asked retrieval_eval's questions in process
+(training.model_eval, --eval-spec, seed --eval-seed: keep it apart from the seed the reported
+figures use). --time-limit stops at the first step boundary past that many seconds, saving
+state and checkpoint. The log is one JSON object per line.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from sglang_dsv41.training.export import export_checkpoint
 from sglang_dsv41.training.filler import TRAIN_SOURCE, filler_lines
 from sglang_dsv41.training.forward import train_forward
 from sglang_dsv41.training.init import count_parameters, initial_model, trainable_parameters
+from sglang_dsv41.training.model_eval import eval_args, evaluate_model
 from sglang_dsv41.training.probe import probe_accuracy, probe_set
 from sglang_dsv41.training.supervision import supervision_loss
 from sglang_dsv41.training.task import CODE_DIGITS
@@ -126,6 +131,30 @@ def save_state(path: Path, model, opt, step: int) -> None:
     os.replace(tmp, path)
 
 
+def parse_eval_spec(spec: str) -> list:
+    """ "1024:20,16384:4" -> [(1024, 20), (16384, 4)]: prompt tokens and questions per depth."""
+    out = []
+    for part in spec.split(","):
+        n, _, k = part.partition(":")
+        try:
+            out.append((int(n), int(k or 4)))
+        except ValueError:
+            raise ValueError(f"--eval-spec: {part!r} is not LENGTH:PER_DEPTH") from None
+        if out[-1][0] < 64 or out[-1][1] < 1:
+            raise ValueError(f"--eval-spec: {part!r}: length >= 64 and per depth >= 1")
+    return out
+
+
+def run_eval(model, tt: TaskTokenizer, spec: list, seed: int, device) -> dict:
+    """The in-process retrieval check -> {"LENGTH": {"DEPTH": acc, ..., "all": acc}, "min": acc}."""
+    table: dict = {}
+    for n, k in spec:
+        rep = evaluate_model(model, tt, eval_args(lengths=[n], per_cell=k, seed=seed), device)
+        table.update(rep["accuracy"])
+    worst = min(v for row in table.values() for d, v in row.items() if d != "all")
+    return {**table, "min": worst}
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m sglang_dsv41.training.train", description=__doc__)
     p.add_argument("--out", required=True, help="checkpoint directory written at every save")
@@ -141,6 +170,15 @@ def parse_args(argv):
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--probe-every", type=int, default=100)
     p.add_argument("--stop-after", type=int, help="stop after this step (resume later)")
+    p.add_argument("--time-limit", type=float, help="stop at the first step past this many seconds")
+    p.add_argument("--eval-every", type=int, default=0, help="in-process retrieval check (0: off)")
+    p.add_argument(
+        "--eval-spec",
+        default="1024:20,4096:20,16384:4",
+        help="LENGTH:QUESTIONS_PER_DEPTH,... of the in-process check",
+    )
+    p.add_argument("--eval-seed", type=int, default=1, help="question seed of the in-process check")
+    p.add_argument("--snapshots", help="directory for a checkpoint per in-process check")
     p.add_argument(
         "--polish",
         type=int,
@@ -154,6 +192,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     argv_list = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv_list)
+    eval_spec = parse_eval_spec(args.eval_spec)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -193,6 +232,10 @@ def main(argv=None) -> int:
     }
     print(json.dumps({"start": step, "total": total, **info}), file=log, flush=True)
     t_run = time.time()
+
+    def out_of_time() -> bool:
+        return args.time_limit is not None and time.time() - t_run >= args.time_limit
+
     while step < total and (args.stop_after is None or step < args.stop_after):
         stage = stage_at(curriculum, step)
         lr = learning_rate(step, decay_total, args.lr)
@@ -212,12 +255,27 @@ def main(argv=None) -> int:
             model.eval()
             rec["probe"] = probe_accuracy(model, probes, cfg.sliding_window, device)
             model.train()
+        if args.eval_every and step % args.eval_every == 0:
+            t_eval = time.time()
+            rec["eval"] = run_eval(model, tt, eval_spec, args.eval_seed, device)
+            rec["eval_s"] = round(time.time() - t_eval, 1)
+            if args.snapshots:
+                snap = dict(info, steps_done=step, steps_total=total)
+                export_checkpoint(
+                    model, args.preset, Path(args.snapshots) / f"step-{step:05d}", snap
+                )
         print(json.dumps(rec), file=log, flush=True)
-        if step % args.save_every == 0 or step == total:
+        stop = out_of_time()
+        if step % args.save_every == 0 or step == total or stop:
             if state is not None:
                 save_state(state, model, opt, step)
             info.update(steps_done=step, steps_total=total, train_s=round(time.time() - t_run))
             export_checkpoint(model, args.preset, args.out, info)
+        if stop:
+            print(
+                json.dumps({"stopped": step, "time_limit": args.time_limit}), file=log, flush=True
+            )
+            break
     return 0
 
 
