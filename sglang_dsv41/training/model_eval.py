@@ -61,7 +61,7 @@ def answer_ok(model, tt: TaskTokenizer, doc, replay: bool, device) -> tuple:
     ex = encode_example(tt, doc, "raw")
     ids = torch.tensor(ex.ids, dtype=torch.int64, device=device)
     rows = torch.tensor(ex.rows[:CODE_DIGITS], dtype=torch.int64, device=device)
-    floor = max(0, ex.prompt_len - model.cfg.sliding_window) if replay else 0
+    floor = model.replay_floor_for(ex.prompt_len, replay)  # the oracle's and the server's
     logits, _ = train_forward(model, ids, rows, floor, SPARSE)
     got = logits.argmax(-1).tolist()
     want = ex.targets[:CODE_DIGITS]
