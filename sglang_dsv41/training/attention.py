@@ -30,7 +30,7 @@ from sglang_dsv41.layers.index_math import (
 )
 from sglang_dsv41.layers.sparse_attention import sparse_attention
 from sglang_dsv41.reference.attention import swa_slots
-from sglang_dsv41.training.dense_attention import dense_attention, selected_mass
+from sglang_dsv41.training.dense_attention import dense_attention, selected_probs
 from sglang_dsv41.training.straight_through import ste_main_kv, ste_swa_kv
 
 
@@ -59,8 +59,9 @@ class TrainState:
     topk     index source -> int64 [T, TOPK], -1 padded (sparse layers)
     pool     bool [T, N] candidate pool of the decoder rows, or None
     groups   index source -> DistillGroup
-    keep     layers whose dense attention probabilities are kept, with graph, in `kept`
-    kept     layer -> fp32 [T, H, N] mass of each main-KV entry (training.supervision)
+    keep     layers whose attention probabilities are kept, with graph, in `kept`
+    kept     layer -> fp32 [T, H, N] mass of each main-KV entry (training.supervision;
+             sparse layers: 0 on the entries outside their top-k)
     """
 
     main_kv: dict = field(default_factory=dict)
@@ -145,6 +146,12 @@ def train_attention_layer(
         top_ok = topk >= 0
         k_top = main[topk.clamp_min(0)]  # [T, TOPK, D]
         o = sparse_attention(q, k_swa, swa_ok, k_top, top_ok, attn.attn_sink, attn.scale)
-        p = selected_mass(q, k_swa, swa_ok, k_top, top_ok, attn.attn_sink, attn.scale)
-        group.mass += p.sum(1)
+        p = selected_probs(q, k_swa, swa_ok, k_top, top_ok, attn.attn_sink, attn.scale)
+        group.mass += p.detach().sum(1)
+        if attn.layer_id in st.keep:  # the same mass per main-KV entry, 0 off the selection
+            n = main.shape[0]
+            idx = topk.clamp_min(0)[:, None, :].expand(-1, p.shape[1], -1)
+            st.kept[attn.layer_id] = p.new_zeros(T, p.shape[1], n).scatter_add(
+                2, idx, p * top_ok[:, None, :]
+            )
     return attn.output(o, pos)

@@ -57,10 +57,10 @@ POLISH_STEPS = 0
 """Steps of the polish stage the shipped weights were trained with (train.py --polish)."""
 
 
-def polish_stage(steps: int) -> tuple:
+def polish_stage(steps: int, supervise: float = 0.0) -> tuple:
     """The stage after the curriculum: served attention over 512-4096 tokens, at the final
-    learning rate."""
-    return (Stage("polish", steps, (512, 4096), (2, 16), (1, 3), SPARSE),)
+    learning rate; `supervise` weighs the attention supervision over the decoder's top-k."""
+    return (Stage("polish", steps, (512, 4096), (2, 16), (1, 3), SPARSE, supervise),)
 
 
 def scaled(curriculum: tuple, scale: float) -> tuple:

@@ -44,8 +44,13 @@ def dense_attention(
     return o, p_main
 
 
-@torch.no_grad()
-def selected_mass(
+def selected_mass(q, k_swa, swa_ok, k_top, top_ok, sink, scale: float) -> torch.Tensor:
+    """`selected_probs` without gradient."""
+    with torch.no_grad():
+        return selected_probs(q, k_swa, swa_ok, k_top, top_ok, sink, scale)
+
+
+def selected_probs(
     q: torch.Tensor,
     k_swa: torch.Tensor,
     swa_ok: torch.Tensor,
@@ -54,7 +59,7 @@ def selected_mass(
     sink: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """The softmax mass `sparse_attention` gives each selected slot (no gradient):
+    """The softmax mass `sparse_attention` gives each selected slot (with graph):
     q [T, H, D], k_swa [T, W, D], swa_ok bool [T, W], k_top [T, TOPK, D], top_ok bool
     [T, TOPK], sink fp32 [H] -> p_top fp32 [T, H, TOPK]."""
     T, H, _ = q.shape

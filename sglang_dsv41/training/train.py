@@ -78,7 +78,8 @@ def learning_rate(step: int, total: int, peak: float) -> float:
 
 def run_step(model, samples: list, device, supervise: float = 0.0) -> dict:
     """Forward and backward of one batch (gradients accumulate); returns the step's figures.
-    supervise: weight of the attention supervision (used where the decoder attends densely)."""
+    supervise: weight of the attention supervision (dense decoder: over every entry; sparse:
+    over the selected ones, a digit whose source was not selected adding a constant)."""
     n_targets = sum(len(s.example.targets) for s in samples)
     n_digits = sum(sum(src >= 0 for src in s.example.sources) for s in samples)
     layer = model.cfg.decoder_start  # the decoder's Full layer: its entries are positions
@@ -89,7 +90,7 @@ def run_step(model, samples: list, device, supervise: float = 0.0) -> dict:
         ids = torch.tensor(ex.ids, dtype=torch.int64, device=device)
         rows = torch.tensor(ex.rows, dtype=torch.int64, device=device)
         want = torch.tensor(ex.targets, dtype=torch.int64, device=device)
-        sup_on = supervise > 0 and s.modes.decoder_dense
+        sup_on = supervise > 0
         keep = frozenset({layer}) if sup_on else frozenset()
         logits, st = train_forward(model, ids, rows, s.floor, s.modes, keep)
         lm = F.cross_entropy(logits, want, reduction="sum")
@@ -170,6 +171,12 @@ def parse_args(argv):
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--probe-every", type=int, default=100)
     p.add_argument("--stop-after", type=int, help="stop after this step (resume later)")
+    p.add_argument(
+        "--polish-supervise",
+        type=float,
+        default=0.0,
+        help="weight of the attention supervision in the polish stage (over the top-k)",
+    )
     p.add_argument("--time-limit", type=float, help="stop at the first step past this many seconds")
     p.add_argument("--eval-every", type=int, default=0, help="in-process retrieval check (0: off)")
     p.add_argument(
@@ -201,7 +208,8 @@ def main(argv=None) -> int:
         torch.use_deterministic_algorithms(True, warn_only=True)
     cfg = preset(args.preset)
     base = scaled(CURRICULUM, args.scale)
-    curriculum = base + scaled(polish_stage(args.polish), args.scale) if args.polish else base
+    polish = scaled(polish_stage(args.polish, args.polish_supervise), args.scale)
+    curriculum = base + polish if args.polish else base
     total, decay_total = total_steps(curriculum), total_steps(base)
     tt = TaskTokenizer(train_tokenizer(cfg.vocab_size))
     filler = filler_lines(TRAIN_SOURCE)

@@ -102,8 +102,41 @@ def test_a_few_steps_reduce_the_loss():
         stage = Stage("t", 1, (64, 128), (2, 3), (1, 3), modes)
         samples = step_samples(0, step, stage, 4, tt, filler, cfg.sliding_window)
         opt.zero_grad()
-        figs = run_step(model, samples, "cpu", supervise=1.0)
+        figs = run_step(model, samples, "cpu", supervise=1.0 if modes is DENSE else 0.0)
         opt.step()
         losses.append(figs["lm"] + figs["kl"] + figs["sup"])
         assert (figs["sup"] > 0) == (modes is DENSE)
     assert sum(losses[-4:]) / 4 < 0.6 * sum(losses[:4]) / 4, losses
+
+
+def test_sparse_supervision_raises_the_mass_on_the_digits_source():
+    """In sparse mode the decoder's Full layer keeps its attention mass per entry (0 off its
+    top-k, with graph); descending the supervision alone raises the mass on the sources."""
+    from sglang_dsv41.reference.model import load_reference
+    from sglang_dsv41.training.supervision import supervision_loss
+
+    model = load_reference("sglang_dsv41/data/retrieval")  # trained: its top-k holds the fact
+    cfg = model.cfg
+    tt = TaskTokenizer(train_tokenizer(cfg.vocab_size))
+    stage = Stage("t", 1, (256, 400), (2, 3), (1, 1), SPARSE)
+    (s,) = step_samples(5, 0, stage, 1, tt, filler_lines(TRAIN_SOURCE), cfg.sliding_window)
+    ex, layer = s.example, cfg.decoder_start
+    digit = [i for i, src in enumerate(ex.sources) if src >= 0]
+    sup_rows = torch.tensor([ex.rows[i] - s.floor for i in digit])
+    sources = torch.tensor([ex.sources[i] for i in digit])
+    ids, rows = torch.tensor(ex.ids), torch.tensor(ex.rows)
+    opt = torch.optim.SGD(trainable_parameters(model), lr=0.05)
+    masses = []
+    for _ in range(6):
+        _, st = train_forward(model, ids, rows, s.floor, SPARSE, frozenset({layer}))
+        kept, topk = st.kept[layer], st.topk[layer]
+        off = torch.ones_like(kept[:, 0], dtype=torch.bool)
+        off.scatter_(1, topk.clamp_min(0), False)
+        assert float((kept.detach().abs().sum(1) * off).max()) == 0.0
+        assert float(kept.detach().sum(-1).max()) <= 1.0 + 1e-5
+        sup, mass = supervision_loss(kept, sup_rows, sources)
+        masses.append(mass)
+        opt.zero_grad()
+        sup.backward()
+        opt.step()
+    assert 0.0 < masses[0] < masses[-1], masses
