@@ -15,7 +15,9 @@ figures are the CPU server's; on CUDA they differ only by the device's rounding.
 per question instead of a prefill and seven decode steps: the quick check while training
 (`train.py --eval-every`) and for choosing between checkpoints.
 
-Prints the table of retrieval_eval and writes the same JSON (records without reply text).
+Prints the table of retrieval_eval and the mean negative log-likelihood of the codes (finer
+than right or wrong: it separates two checkpoints that miss equally often), and writes the same
+JSON (records without reply text, with each code's NLL).
 """
 
 from __future__ import annotations
@@ -57,15 +59,18 @@ def eval_args(**kw) -> argparse.Namespace:
 
 @torch.no_grad()
 def answer_ok(model, tt: TaskTokenizer, doc, replay: bool, device) -> tuple:
-    """-> (all six digits right, the digits the model's argmax writes under teacher forcing)."""
+    """-> (all six digits right, the digits the model's argmax writes under teacher forcing,
+    the code's negative log-likelihood: the sum over its digits of -log p(digit | the ones
+    before), a finer measure than right or wrong)."""
     ex = encode_example(tt, doc, "raw")
     ids = torch.tensor(ex.ids, dtype=torch.int64, device=device)
     rows = torch.tensor(ex.rows[:CODE_DIGITS], dtype=torch.int64, device=device)
     floor = model.replay_floor_for(ex.prompt_len, replay)  # the oracle's and the server's
     logits, _ = train_forward(model, ids, rows, floor, SPARSE)
+    want = torch.tensor(ex.targets[:CODE_DIGITS], dtype=torch.int64, device=device)
+    nll = float(torch.nn.functional.cross_entropy(logits, want, reduction="sum"))
     got = logits.argmax(-1).tolist()
-    want = ex.targets[:CODE_DIGITS]
-    return got == want, tt.tok.decode(got)
+    return got == ex.targets[:CODE_DIGITS], tt.tok.decode(got), nll
 
 
 def evaluate_model(model, tt: TaskTokenizer, args, device="cpu", progress=None) -> dict:
@@ -77,7 +82,7 @@ def evaluate_model(model, tt: TaskTokenizer, args, device="cpu", progress=None) 
     cells = eval_documents(args, tt.count)
     for j, (n, d, k, doc) in enumerate(cells):
         t0 = time.time()
-        ok, text = answer_ok(model, tt, doc, args.replay, device)
+        ok, text, nll = answer_ok(model, tt, doc, args.replay, device)
         records.append(
             {
                 "length": n,
@@ -87,6 +92,7 @@ def evaluate_model(model, tt: TaskTokenizer, args, device="cpu", progress=None) 
                 "code": doc.code,
                 "answer": text,
                 "ok": ok,
+                "nll": round(nll, 5),
                 "seconds": round(time.time() - t0, 3),
             }
         )
@@ -99,6 +105,7 @@ def evaluate_model(model, tt: TaskTokenizer, args, device="cpu", progress=None) 
     model.train(was_training)
     rep = summarize(args, records, time.time() - t_all)
     rep["replay"] = args.replay
+    rep["mean_nll"] = sum(r["nll"] for r in records) / len(records)
     return rep
 
 
@@ -153,6 +160,7 @@ def main(argv=None) -> int:
     model = load_reference(a.model).to(a.device)
     rep = evaluate_model(model, load_task_tokenizer(a.model), args, a.device, sys.stderr)
     print(format_table(rep))
+    print(f"mean code NLL {rep['mean_nll']:.4f} nats")
     if a.json:
         Path(a.json).write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
     return 0

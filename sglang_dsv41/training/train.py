@@ -147,13 +147,16 @@ def parse_eval_spec(spec: str) -> list:
 
 
 def run_eval(model, tt: TaskTokenizer, spec: list, seed: int, device) -> dict:
-    """The in-process retrieval check -> {"LENGTH": {"DEPTH": acc, ..., "all": acc}, "min": acc}."""
+    """The in-process retrieval check -> {"LENGTH": {"DEPTH": acc, ..., "all": acc}, "min": the
+    worst cell, "nll": the codes' mean negative log-likelihood}."""
     table: dict = {}
+    nll = []
     for n, k in spec:
         rep = evaluate_model(model, tt, eval_args(lengths=[n], per_cell=k, seed=seed), device)
         table.update(rep["accuracy"])
+        nll += [r["nll"] for r in rep["records"]]
     worst = min(v for row in table.values() for d, v in row.items() if d != "all")
-    return {**table, "min": worst}
+    return {**table, "min": worst, "nll": round(sum(nll) / len(nll), 5)}
 
 
 def parse_args(argv):

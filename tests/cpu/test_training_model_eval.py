@@ -53,7 +53,8 @@ def test_teacher_forced_answer_equals_the_oracles_greedy_answer(shipped, replay)
     outcomes = set()
     for m in (model, noisy):
         for _, _, _, doc in retrieval_eval.eval_documents(args, tt.count):
-            ok, _ = model_eval.answer_ok(m, tt, doc, replay, "cpu")
+            ok, _, nll = model_eval.answer_ok(m, tt, doc, replay, "cpu")
+            assert ok or nll > 0.69  # a wrong digit had p < 1/2
             ex = encode_example(tt, doc, "raw")
             greedy = m.generate(ex.ids[: ex.prompt_len], CODE_DIGITS, replay=replay)
             assert ok == (greedy == ex.targets[:CODE_DIGITS])
@@ -68,6 +69,7 @@ def test_report_has_retrieval_evals_shape(shipped):
     rep = model_eval.evaluate_model(model, tt, args)
     assert set(rep["accuracy"]["256"]) == {"0", "1", "all"}
     assert len(rep["records"]) == 2 and rep["replay"] is True
+    assert rep["mean_nll"] == sum(r["nll"] for r in rep["records"]) / 2
     assert "256 |" in retrieval_eval.format_table(rep)
     with pytest.raises(TypeError, match="unknown"):
         model_eval.eval_args(lenghts=[1])
@@ -111,7 +113,7 @@ def test_train_checks_snapshots_and_stops_at_the_time_limit(tmp_path):
     assert train.main([*argv, "--time-limit", "0"]) == 0
     recs = [json.loads(line) for line in log.read_text().splitlines()]
     assert recs[-1] == {"stopped": 1, "time_limit": 0.0}
-    assert set(recs[-2]["eval"]) == {"128", "min"} and 0.0 <= recs[-2]["eval"]["min"] <= 1.0
+    assert set(recs[-2]["eval"]) == {"128", "min", "nll"} and 0.0 <= recs[-2]["eval"]["min"] <= 1.0
     assert torch.load(tmp_path / "state.pt")["step"] == 1
     assert (tmp_path / "snaps" / "step-00001" / "model.safetensors").is_file()
     assert train.main(argv + ["--stop-after", "2"]) == 0  # resumes from the saved state
