@@ -264,7 +264,7 @@ def main(argv=None) -> int:
         rec["s"] = round(time.time() - t0, 2)
         if step % args.probe_every == 0 or step == total:
             model.eval()
-            rec["probe"] = probe_accuracy(model, probes, cfg.sliding_window, device)
+            rec["probe"] = probe_accuracy(model, tt, probes, device)
             model.train()
         if args.eval_every and step % args.eval_every == 0:
             t_eval = time.time()
