@@ -1,6 +1,7 @@
 """Write a trained model as a servable checkpoint directory.
 
     config.json        `tools.make_checkpoint.checkpoint_config(preset)` (the released layout)
+                       without its `dspark_*` keys: a trained model has no draft head
     model.safetensors  every tensor of `manifest.tensor_manifest(cfg)`, fp32, in manifest order
     tokenizer files    `tools.tokenizer.save_tokenizer` (the byte-level BPE the model was
                        trained with: it is rebuilt from the shipped corpus, byte for byte)
@@ -26,6 +27,15 @@ from sglang_dsv41.tools.tokenizer import save_tokenizer
 TRAINING_FILE = "training.json"
 
 
+def trained_config(preset: str) -> dict:
+    """The preset's checkpoint config.json without the DSpark draft head's keys."""
+    config = checkpoint_config(preset)
+    text = config.get("text_config", config)
+    for k in [k for k in text if k.startswith("dspark_")]:
+        del text[k]
+    return config
+
+
 def export_checkpoint(model: ReferenceModel, preset: str, out_dir, info: dict) -> Path:
     """Write the checkpoint of `model` (built from preset `preset`) into out_dir (overwritten)."""
     from safetensors.torch import save_file
@@ -42,9 +52,8 @@ def export_checkpoint(model: ReferenceModel, preset: str, out_dir, info: dict) -
         name: state[name].detach().to("cpu", dtype).contiguous()
         for name, (_, dtype) in manifest.items()
     }
-    (out / "config.json").write_text(
-        json.dumps(checkpoint_config(preset), indent=2) + "\n", encoding="utf-8"
-    )
+    config = trained_config(preset)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     weights = out / "model.safetensors"
     save_file(tensors, str(weights), metadata={"format": "pt"})
     weights.chmod(0o644)

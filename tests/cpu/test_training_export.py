@@ -25,6 +25,16 @@ def test_export_loads_in_the_oracle(tmp_path):
         assert torch.equal(loaded.forward(ids), model.forward(ids))
     for path in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (out / path).is_file()
+    text = json.loads((out / "config.json").read_text())["text_config"]
+    assert text["num_hidden_layers"] == 12 and not any(k.startswith("dspark_") for k in text)
+
+
+def test_export_writes_the_shipped_retrieval_config(tmp_path):
+    """The shipped config is what the export writes (no DSpark keys: no draft head)."""
+    from sglang_dsv41.tools.serve import RETRIEVAL_DIR
+    from sglang_dsv41.training.export import trained_config
+
+    assert json.loads((RETRIEVAL_DIR / "config.json").read_text()) == trained_config("retrieval")
 
 
 def test_resumed_run_equals_the_uninterrupted_run(tmp_path):
