@@ -5,10 +5,12 @@
     dense    600     256-1024      2-8   1-4         top-k    dense    yes
     sparse  1200     256-2048      2-12  1-3         top-k    top-k    no
     long     300    1024-4096      4-16  1-3         top-k    top-k    no
+    polish   600     512-4096      2-16  1-3         top-k    top-k    yes, over the top-k
 
 "dense" attends every visible main-KV entry, "top-k" is the served selection (candidate pool
 included); the indexers learn by distillation in every stage (training.distill), and
-"supervised" adds the attention supervision of the decoder's Full layer (training.supervision).
+"supervised" adds the attention supervision of the decoder's Full layer (training.supervision);
+the polish stage (train.py --polish, at the final learning rate) follows the curriculum.
 Lengths are drawn log-uniformly per example; each example is raw or chat form (even odds),
 asks questions about distinct facts of its document (the first at a uniform depth; the
 others follow it, each answered: more signal for one pass of the encoder), and runs its decoder
@@ -53,8 +55,13 @@ CURRICULUM = (
 )
 
 
-POLISH_STEPS = 0
-"""Steps of the polish stage the shipped weights were trained with (train.py --polish)."""
+POLISH_STEPS = 600
+"""Steps of the polish stage in the shipped recipe (train.py --polish; the shipped weights
+stopped after 300 of them)."""
+
+POLISH_SUPERVISE = 1.0
+"""Weight of the attention supervision over the top-k in the shipped recipe's polish stage
+(train.py --polish-supervise)."""
 
 
 def polish_stage(steps: int, supervise: float = 0.0) -> tuple:

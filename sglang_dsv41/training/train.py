@@ -44,6 +44,7 @@ from sglang_dsv41.tools.tokenizer import train_tokenizer
 from sglang_dsv41.training.curriculum import (
     CURRICULUM,
     POLISH_STEPS,
+    POLISH_SUPERVISE,
     polish_stage,
     scaled,
     stage_at,
@@ -177,8 +178,9 @@ def parse_args(argv):
     p.add_argument(
         "--polish-supervise",
         type=float,
-        default=0.0,
-        help="weight of the attention supervision in the polish stage (over the top-k)",
+        default=POLISH_SUPERVISE,
+        help=f"weight of the attention supervision over the decoder's top-k in the polish stage "
+        f"(default {POLISH_SUPERVISE})",
     )
     p.add_argument("--time-limit", type=float, help="stop at the first step past this many seconds")
     p.add_argument("--eval-every", type=int, default=0, help="in-process retrieval check (0: off)")

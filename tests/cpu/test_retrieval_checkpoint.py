@@ -33,8 +33,8 @@ def test_shipped_as_package_data():
     data = [ln for ln in (root / "pyproject.toml").read_text().splitlines() if "retrieval/*" in ln]
     assert data and data[0].startswith('"sglang_dsv41.data" = ['), data
     made = json.loads((RETRIEVAL_DIR / TRAINING_FILE).read_text())
-    assert (made["preset"], made["seed"], made["steps_done"]) == ("retrieval", 0, 2800)
-    assert "--stop-after 2800" in made["command"] and made["threads"] == 1
+    assert (made["preset"], made["seed"], made["steps_done"]) == ("retrieval", 0, 3400)
+    assert "--stop-after 3400" in made["command"] and made["threads"] == 1
 
 
 @pytest.mark.parametrize("replay", [True, False])
