@@ -50,7 +50,7 @@ def needle_rows(model, tt: TaskTokenizer, length: int, per_length: int, facts: i
             "length": length,
             "depth": depth,
             "prompt_tokens": ex.prompt_len,
-            "pool": bool(state.pool["mask"][row, entry]),
+            "pool": bool(state.pool_mask[row, entry]),
             "first": int(logits[row].argmax()) == ex.targets[0],
         }
         for i in sources:

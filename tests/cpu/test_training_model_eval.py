@@ -120,3 +120,16 @@ def test_train_checks_snapshots_and_stops_at_the_time_limit(tmp_path):
     steps = [r["step"] for r in map(json.loads, log.read_text().splitlines()) if "step" in r]
     assert steps == [1, 2]
     assert (tmp_path / "snaps" / "step-00002").is_dir()
+
+
+def test_needle_recall_reports_the_pool_and_the_top_k(tmp_path):
+    """needle_recall on the shipped model: the oracle's pool and top-k at the answer row."""
+    from sglang_dsv41.training import needle_recall
+
+    out = tmp_path / "needle.json"
+    argv = ["--model", RETRIEVAL, "--lengths", "300", "--per-length", "2", "--json", str(out)]
+    assert needle_recall.main(argv) == 0
+    rep = json.loads(out.read_text())
+    row = rep["table"]["300"]
+    assert {"pool", "first", "topk[6]", "topk[8]", "topk[10]"} <= set(row)
+    assert row["pool"] == 1.0 and row["first"] == 1.0 and len(rep["records"]) == 2
