@@ -133,6 +133,9 @@ def parse_args(argv):
     p.add_argument("--replay", choices=("on", "off"), default="on")
     p.add_argument("--json", help="write the report here")
     a = p.parse_args(argv)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (Path(a.model) / name).is_file():
+            p.error(f"--model {a.model}: no {name} there (a checkpoint directory is needed)")
     depths = [float(x) for x in a.depths.split(",")]
     if any(not 0.0 <= d <= 1.0 for d in depths):
         p.error(f"--depths: {a.depths} has a value outside [0, 1]")

@@ -198,13 +198,17 @@ def parse_args(argv):
         help=f"steps of the polish stage after the curriculum, at the final learning rate "
         f"(default {POLISH_STEPS})",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.eval_spec = parse_eval_spec(args.eval_spec)
+    except ValueError as e:
+        p.error(str(e))
+    return args
 
 
 def main(argv=None) -> int:
     argv_list = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv_list)
-    eval_spec = parse_eval_spec(args.eval_spec)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -270,7 +274,7 @@ def main(argv=None) -> int:
             model.train()
         if args.eval_every and step % args.eval_every == 0:
             t_eval = time.time()
-            rec["eval"] = run_eval(model, tt, eval_spec, args.eval_seed, device)
+            rec["eval"] = run_eval(model, tt, args.eval_spec, args.eval_seed, device)
             rec["eval_s"] = round(time.time() - t_eval, 1)
             if args.snapshots:
                 snap = dict(info, steps_done=step, steps_total=total)

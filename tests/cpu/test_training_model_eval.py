@@ -73,6 +73,8 @@ def test_report_has_retrieval_evals_shape(shipped):
     assert "256 |" in retrieval_eval.format_table(rep)
     with pytest.raises(TypeError, match="unknown"):
         model_eval.eval_args(lenghts=[1])
+    with pytest.raises(SystemExit):  # a usage error, not a traceback
+        model_eval.parse_args(["--model", "/nonexistent"])
 
 
 def test_eval_spec_parsing():
@@ -80,6 +82,8 @@ def test_eval_spec_parsing():
     for bad in ("1k:2", "1024:0", "8:1"):
         with pytest.raises(ValueError, match="--eval-spec"):
             train.parse_eval_spec(bad)
+    with pytest.raises(SystemExit):  # a usage error on the command line, not a traceback
+        train.parse_args(["--out", "x", "--eval-spec", "1k:2"])
 
 
 def test_train_checks_snapshots_and_stops_at_the_time_limit(tmp_path):
