@@ -8,8 +8,9 @@
 # REPLAY (default "on off"), MODEL (default the shipped checkpoint), LIMIT_S (default 560).
 # Server flags as run_on_device.sh's triton mode (--sampling-backend pytorch --grammar-backend
 # none, SGLang's Python radix tree core, sgl_kernel stubbed and its calls counted).
-# Output in $OUT: summary.txt (the accuracy tables), replay_on-LEN.json, replay_off-LEN.json,
-# server_*.log.
+# Output in $OUT: summary.txt (the accuracy tables, and each one's comparison with the CPU
+# server's records in benchmarks/records/retrieval: tools.retrieval_compare, within 2 points),
+# replay_on-LEN.json, replay_off-LEN.json, compare_*.json, server_*.log.
 set -u
 OUT=${OUT:-/tmp/gpu_e2e_out}
 mkdir -p "$OUT"
@@ -78,6 +79,12 @@ for r in $REPLAY; do
       > "$OUT/replay_$r-$n.txt" 2> "$OUT/replay_$r-$n.progress"
     say "replay $r, $n tokens x $k per depth ($(( $(date +%s) - t )) s):"
     tee -a "$OUT/summary.txt" < "$OUT/replay_$r-$n.txt"
+    cpu=$ROOT/benchmarks/records/retrieval/cpu-replay_$r-$n.json
+    if [ -f "$cpu" ] && [ -f "$OUT/replay_$r-$n.json" ]; then
+      say "against the CPU server's records (base: CPU, new: this GPU):"
+      "$PY" -m sglang_dsv41.tools.retrieval_compare --base "$cpu" --new "$OUT/replay_$r-$n.json" \
+        --json "$OUT/compare_replay_$r-$n.json" 2>&1 | tee -a "$OUT/summary.txt"
+    fi
   done
   grep -E "Traceback|CUDA graph|dsv41 KV pool" "$OUT/server_replay_$r.log" | head -n 4 |
     cut -c1-300 | sed "s/^/  server: /" | tee -a "$OUT/summary.txt"
