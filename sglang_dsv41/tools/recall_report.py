@@ -3,6 +3,13 @@ layers, per context length.
 
     python -m sglang_dsv41.tools.recall_report --model DIR [--prompts FILE]
         [--contexts 256,512,...] [--rows 16] [--json OUT.json] [--plot OUT.png]
+    python -m sglang_dsv41.tools.recall_report --model DIR --needle 1024,4096,16384
+        [--per-length 8] [--json OUT.json]
+
+With --needle (a model trained on the retrieval task, docs/retrieval_model.md) the question is
+the one that matters for retrieval: in held-out documents, at the row that writes the answer's
+first digit, did the candidate pool and each decoder index source's top-k hold the asked fact's
+entry (`training.needle_recall`). Otherwise, over any text:
 
 One oracle forward (`sglang_dsv41.reference`, full forward, no replay) over a prompt as long as
 the longest context; a capture hook keeps each global layer's attention queries and each index
@@ -283,7 +290,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=16, help="query rows per context (16)")
     ap.add_argument("--json", metavar="OUT", help="write the report as JSON")
     ap.add_argument("--plot", metavar="PNG", help="write the plot")
+    ap.add_argument(
+        "--needle",
+        metavar="LENGTHS",
+        help="retrieval documents of these prompt lengths instead of text: was the needle's "
+        "entry in the candidate pool and the top-k (training.needle_recall)",
+    )
+    ap.add_argument("--per-length", type=int, default=8, help="--needle documents per length")
     args = ap.parse_args(argv)
+    if args.needle:
+        return needle_main(args)
     from sglang_dsv41.config import DeepseekV41Config
 
     cfg = DeepseekV41Config.from_hf(args.model)
@@ -301,6 +317,23 @@ def main(argv=None) -> int:
 
         plot_recall(rep, args.plot)
     print(text_table(rep))
+    return 0
+
+
+def needle_main(args) -> int:
+    from sglang_dsv41.training.needle_recall import format_table, needle_report
+
+    try:
+        lengths = [int(x) for x in args.needle.split(",")]
+    except ValueError:
+        msg = f"--needle: {args.needle!r} is not a comma-separated list of lengths"
+        raise SystemExit(msg) from None
+    if min(lengths) < 64 or args.per_length < 1:
+        raise SystemExit("--needle lengths must be >= 64 and --per-length >= 1")
+    rep = needle_report(args.model, lengths, args.per_length)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rep, indent=1))
+    print(format_table(rep["table"]))
     return 0
 
 

@@ -68,9 +68,29 @@ def summarize(records: list) -> dict:
     return table
 
 
-def main(argv=None) -> int:
+def needle_report(model_dir, lengths, per_length: int = 8, facts: int = 4, seed: int = 0) -> dict:
+    """-> {"table": length -> {pool, first, topk[L]: share of documents}, "records": [...]}."""
+    from tokenizers import Tokenizer
+
     from sglang_dsv41.reference import load_reference
 
+    model = load_reference(str(model_dir))
+    tt = TaskTokenizer(Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")))
+    records = []
+    for n in lengths:
+        records += needle_rows(model, tt, n, per_length, facts, seed)
+    return {"table": summarize(records), "records": records}
+
+
+def format_table(table: dict) -> str:
+    keys = list(next(iter(table.values())))
+    lines = ["length " + " ".join(f"{k:>9}" for k in keys)]
+    for n, row in table.items():
+        lines.append(f"{n:>6} " + " ".join(f"{row[k]:>9.0%}" for k in keys))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
     p = cli_parser("sglang_dsv41.training.needle_recall", __doc__)
     p.add_argument("--model", required=True)
     p.add_argument("--lengths", default="1024,4096,16384")
@@ -79,21 +99,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write records and table here")
     args = p.parse_args(argv)
-    from tokenizers import Tokenizer
-
     torch.set_num_threads(1)
-    model = load_reference(args.model)
-    tt = TaskTokenizer(Tokenizer.from_file(str(Path(args.model) / "tokenizer.json")))
-    records = []
-    for n in [int(x) for x in args.lengths.split(",")]:
-        records += needle_rows(model, tt, n, args.per_length, args.facts, args.seed)
-    table = summarize(records)
-    keys = list(next(iter(table.values())))
-    print("length " + " ".join(f"{k:>9}" for k in keys))
-    for n, row in table.items():
-        print(f"{n:>6} " + " ".join(f"{row[k]:>9.0%}" for k in keys))
+    lengths = [int(x) for x in args.lengths.split(",")]
+    rep = needle_report(args.model, lengths, args.per_length, args.facts, args.seed)
+    print(format_table(rep["table"]))
     if args.json:
-        Path(args.json).write_text(json.dumps({"table": table, "records": records}, indent=1))
+        Path(args.json).write_text(json.dumps(rep, indent=1))
     return 0
 
 

@@ -137,3 +137,19 @@ def test_needle_recall_reports_the_pool_and_the_top_k(tmp_path):
     row = rep["table"]["300"]
     assert {"pool", "first", "topk[6]", "topk[8]", "topk[10]"} <= set(row)
     assert row["pool"] == 1.0 and row["first"] == 1.0 and len(rep["records"]) == 2
+
+
+def test_recall_report_asks_the_needle_question(tmp_path):
+    """recall_report --needle on the shipped model gives needle_recall's records; bad lengths
+    are refused with a message."""
+    from sglang_dsv41.tools import recall_report
+
+    out = tmp_path / "needle.json"
+    argv = ["--model", RETRIEVAL, "--needle", "300", "--per-length", "1", "--json", str(out)]
+    assert recall_report.main(argv) == 0
+    rep = json.loads(out.read_text())
+    assert rep["table"]["300"]["pool"] == 1.0 and len(rep["records"]) == 1
+    assert rep["records"][0]["depth"] == 0.0
+    for bad in ("3x", "32"):
+        with pytest.raises(SystemExit, match="--needle"):
+            recall_report.main(["--model", RETRIEVAL, "--needle", bad])
