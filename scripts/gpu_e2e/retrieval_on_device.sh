@@ -62,6 +62,7 @@ serve() {  # NAME PORT FLAGS...
 stop() { kill -TERM -- -"$SP" 2>/dev/null; sleep 3; kill -KILL -- -"$SP" 2>/dev/null; }
 
 port=31000
+VERDICTS=()
 for r in $REPLAY; do
   port=$((port + 1))
   flags=()
@@ -84,6 +85,13 @@ for r in $REPLAY; do
       say "against the CPU server's records (base: CPU, new: this GPU):"
       "$PY" -m sglang_dsv41.tools.retrieval_compare --base "$cpu" --new "$OUT/replay_$r-$n.json" \
         --json "$OUT/compare_replay_$r-$n.json" 2>&1 | tee -a "$OUT/summary.txt"
+      case ${PIPESTATUS[0]} in
+        0) VERDICTS+=("replay $r $n: within 2 points") ;;
+        1) VERDICTS+=("replay $r $n: NOT within 2 points") ;;
+        *) VERDICTS+=("replay $r $n: not compared") ;;
+      esac
+    else
+      VERDICTS+=("replay $r $n: no result or no CPU record")
     fi
   done
   grep -E "Traceback|CUDA graph|dsv41 KV pool" "$OUT/server_replay_$r.log" | head -n 4 |
@@ -92,3 +100,5 @@ for r in $REPLAY; do
 done
 say "stub calls: $(grep -c ' CALL ' "$STUB_CALL_LOG")"
 grep " CALL " "$STUB_CALL_LOG" | sed 's/ pid=.*//' | sort | uniq -c | tee -a "$OUT/summary.txt"
+say "against the CPU records:"
+printf '  %s\n' "${VERDICTS[@]}" | tee -a "$OUT/summary.txt"
