@@ -5,7 +5,10 @@
 # bash scripts/gpu_e2e/prepare.sh. Then through the device tool, from the repository root:
 #   run(command="bash scripts/gpu_e2e/retrieval_on_device.sh", carry=[".gpu_e2e/carry"])
 # Environment: SPEC (default "1024:20 4096:20 16384:8": prompt tokens : questions per depth),
-# REPLAY (default "on off"), MODEL (default the shipped checkpoint), LIMIT_S (default 560).
+# REPLAY (default "on off"), MODEL (default the shipped checkpoint), LIMIT_S (default 560),
+# PORT (default 31000: the servers take the ports after it);
+# SITE=- and EXTRA_FLAGS="--device cpu" run the same steps in this machine's environment (the
+# script's own check on CPU: SPEC="1024:1" REPLAY=on PY=.venv/bin/python).
 # Server flags as run_on_device.sh's triton mode (--sampling-backend pytorch --grammar-backend
 # none, SGLang's Python radix tree core, sgl_kernel stubbed and its calls counted).
 # Output in $OUT: summary.txt (the accuracy tables, and each one's comparison with the CPU
@@ -26,16 +29,19 @@ say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 export PYTHONUNBUFFERED=1
 
-SITE=/tmp/gpu_e2e_site
-mkdir -p "$SITE"
-for a in .gpu_e2e/carry/site-sglang.tar.xz .gpu_e2e/carry/site-deps.tar.xz; do
-  tar -C "$SITE" -xJf "$a" || { say "unpacking $a failed"; exit 1; }
-done
-# this checkout's package over the wheel's copy (kernels/ is installed as sglang_dsv41.kernels)
-cp -r sglang_dsv41/. "$SITE/sglang_dsv41/" && cp -r kernels/. "$SITE/sglang_dsv41/kernels/"
+SITE=${SITE:-/tmp/gpu_e2e_site}
+read -r -a EXTRA <<< "${EXTRA_FLAGS:-}"
+if [ "$SITE" != - ]; then
+  mkdir -p "$SITE"
+  for a in .gpu_e2e/carry/site-sglang.tar.xz .gpu_e2e/carry/site-deps.tar.xz; do
+    tar -C "$SITE" -xJf "$a" || { say "unpacking $a failed"; exit 1; }
+  done
+  # this checkout's package over the wheel's copy (kernels/ is installed as sglang_dsv41.kernels)
+  cp -r sglang_dsv41/. "$SITE/sglang_dsv41/" && cp -r kernels/. "$SITE/sglang_dsv41/kernels/"
+  export PYTHONPATH=$SITE:$HERE/stubs
+fi
 MODEL=${MODEL:-/tmp/retrieval_model}
 [ "$MODEL" = /tmp/retrieval_model ] && rm -rf "$MODEL" && cp -r sglang_dsv41/data/retrieval "$MODEL"
-export PYTHONPATH=$SITE:$HERE/stubs
 export STUB_CALL_LOG=$OUT/stub_calls.txt SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 : > "$STUB_CALL_LOG"
@@ -48,7 +54,7 @@ serve() {  # NAME PORT FLAGS...
   local name=$1 port=$2; shift 2
   setsid "$PY" -m sglang.launch_server --model-path "$MODEL" --host 127.0.0.1 --port "$port" \
     --sampling-backend pytorch --grammar-backend none --disable-custom-all-reduce \
-    --skip-server-warmup --mem-fraction-static 0.1 "$@" > "$OUT/server_$name.log" 2>&1 &
+    --skip-server-warmup --mem-fraction-static 0.1 "${EXTRA[@]}" "$@" > "$OUT/server_$name.log" 2>&1 &
   SP=$!
   for _ in $(seq 1 150); do
     curl -sf "127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
@@ -61,7 +67,7 @@ serve() {  # NAME PORT FLAGS...
 }
 stop() { kill -TERM -- -"$SP" 2>/dev/null; sleep 3; kill -KILL -- -"$SP" 2>/dev/null; }
 
-port=31000
+port=${PORT:-31000}
 VERDICTS=()
 for r in $REPLAY; do
   port=$((port + 1))
