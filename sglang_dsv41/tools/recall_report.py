@@ -321,16 +321,9 @@ def main(argv=None) -> int:
 
 
 def needle_main(args) -> int:
-    from sglang_dsv41.training.needle_recall import format_table, needle_report
+    from sglang_dsv41.training.needle_recall import format_table, needle_report, parse_lengths
 
-    try:
-        lengths = [int(x) for x in args.needle.split(",")]
-    except ValueError:
-        msg = f"--needle: {args.needle!r} is not a comma-separated list of lengths"
-        raise SystemExit(msg) from None
-    if min(lengths) < 64 or args.per_length < 1:
-        raise SystemExit("--needle lengths must be >= 64 and --per-length >= 1")
-    rep = needle_report(args.model, lengths, args.per_length)
+    rep = needle_report(args.model, parse_lengths(args.needle, args.per_length), args.per_length)
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=1))
     print(format_table(rep["table"]))

@@ -82,6 +82,17 @@ def needle_report(model_dir, lengths, per_length: int = 8, facts: int = 4, seed:
     return {"table": summarize(records), "records": records}
 
 
+def parse_lengths(text: str, per_length: int) -> list:
+    """ "1024,4096" -> [1024, 4096]; SystemExit naming the flag when they cannot be asked."""
+    try:
+        lengths = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"needle lengths: {text!r} is not a comma-separated list") from None
+    if min(lengths) < 64 or per_length < 1:
+        raise SystemExit("needle lengths must be >= 64 and --per-length >= 1")
+    return lengths
+
+
 def format_table(table: dict) -> str:
     keys = list(next(iter(table.values())))
     lines = ["length " + " ".join(f"{k:>9}" for k in keys)]
@@ -100,7 +111,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write records and table here")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths = parse_lengths(args.lengths, args.per_length)
     rep = needle_report(args.model, lengths, args.per_length, args.facts, args.seed)
     print(format_table(rep["table"]))
     if args.json:

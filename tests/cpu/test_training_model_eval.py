@@ -151,5 +151,5 @@ def test_recall_report_asks_the_needle_question(tmp_path):
     assert rep["table"]["300"]["pool"] == 1.0 and len(rep["records"]) == 1
     assert rep["records"][0]["depth"] == 0.0
     for bad in ("3x", "32"):
-        with pytest.raises(SystemExit, match="--needle"):
+        with pytest.raises(SystemExit, match="needle lengths"):
             recall_report.main(["--model", RETRIEVAL, "--needle", bad])
