@@ -6,7 +6,7 @@
 # several; state under /tmp stays while the machine is warm):
 #   bash scripts/gpu_e2e/head_to_head.sh STEP...
 # STEP:
-#   setup    unpack the carried archives, build the torch-2.11 shim, check the libraries load
+#   setup    unpack the carried archives, check the kernel libraries load and fit their wrappers
 #   ops      tests/gpu/test_sglang_ops_h200.py: SGLang's ops on the V4.1 path against torch
 #   slice    write flash-slice (tools.flash_slice) to $SLICE unless it is there already
 #   correct  stock, then ours: greedy continuations, ours' teacher-forced view of stock's,
@@ -83,6 +83,7 @@ census() {  # SIDE: the op census and the stub count of that side's server
   [ -d "$d" ] || return
   say "census $1 (calls into SGLang's kernel libraries):"
   "$PY" "$HERE/preload/op_census.py" "$d" | head -n 40 | tee -a "$OUT/summary.txt"
+  "$PY" "$HERE/kernel_abi.py" "$d" 2>&1 | grep -E "REACHED|differences" | tee -a "$OUT/summary.txt"
   say "stub calls $1: $(grep -rc ' CALL ' "${STUB_CALL_LOG:-/dev/null}" 2>/dev/null || echo 0)"
 }
 
@@ -141,7 +142,9 @@ step_warm() {
   cd /tmp
   local side=${WARM_SIDE:-ours} t=${WARM_TIMEOUT_S:-300}
   say "warm: $side, at most $t s"
-  timeout -s TERM "$t" "$PY" - "$side" "$SLICE" "$WORK" "$PROFILE" "$t" <<'WARM' 2>&1 |
+  rm -rf "$WORK/census_warm_$side"
+  DSV41_OP_CENSUS=$WORK/census_warm_$side timeout -s TERM "$t" \
+    "$PY" - "$side" "$SLICE" "$WORK" "$PROFILE" "$t" <<'WARM' 2>&1 |
 import signal, sys, time
 from pathlib import Path
 from sglang_dsv41.tools import agreement
@@ -149,14 +152,23 @@ from sglang_dsv41.tools.head_to_head import Server, Settings
 side, slice_dir, work, profile, t = sys.argv[1:6]
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))  # the server is stopped on the way out
 with Server(side, slice_dir, Path(work) / f"warm_{side}.log", Settings(profile=profile)) as srv:
-    print(f"warm: {side} ready in {srv.wait_ready(float(t)):.0f} s", flush=True)
-    t0 = time.time()
-    out = agreement.generate(srv.url, [[5 + i % 90 for i in range(n)] for n in (64, 4000)], 8)
-    print(f"warm: 2 requests in {time.time() - t0:.1f} s: {out}", flush=True)
+    try:
+        print(f"warm: {side} ready in {srv.wait_ready(float(t)):.0f} s", flush=True)
+        t0 = time.time()
+        out = agreement.generate(srv.url, [[5 + i % 90 for i in range(n)] for n in (64, 4000)], 8)
+        print(f"warm: 2 requests in {time.time() - t0:.1f} s: {out}", flush=True)
+    except BaseException as e:
+        print(f"warm: {side} FAILED: {type(e).__name__}: {str(e)[:2000]}", flush=True)
+        print(srv.tail(60), flush=True)
+        raise
 WARM
-    tail -n 25 | tee -a "$OUT/summary.txt"
+    tail -n 70 | cut -c1-400 | tee -a "$OUT/summary.txt"
   grep -hE "Traceback|Error|max_total_num_tokens=" "$WORK/warm_$side.log" | cut -c1-250 |
     head -n 10 | tee -a "$OUT/summary.txt"
+  say "census warm $side:"
+  "$PY" "$HERE/preload/op_census.py" "$WORK/census_warm_$side" | head -n 40 | tee -a "$OUT/summary.txt"
+  "$PY" "$HERE/kernel_abi.py" "$WORK/census_warm_$side" 2>&1 | grep -E "REACHED|differences|registered" |
+    tee -a "$OUT/summary.txt"
 }
 
 step_dslice() {

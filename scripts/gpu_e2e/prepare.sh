@@ -10,10 +10,12 @@
 #   carry/site-deps.tar.xz       are over the 64 MiB a device call carries; xz makes ~42 MB)
 #   carry/reference.json         prompts and the CPU oracle's answers (reference.py)
 # With --kernels (SGLang's compiled kernels, wheels-kernels.txt; head_to_head.sh):
-#   carry-kernels/site-kernels.tar.xz   sglang-kernel with only its Hopper op library
-#                                (sm90/common_ops.abi3.so; the 1.1 GB FlashAttention-3 library,
-#                                the SM100 build and the legacy FlashMLA ops are left out),
-#                                sgl-deep-gemm (its JIT headers included), sgl-flash-mla
+#   carry-kernels/site-kernels.tar.xz   sglang-kernel's Python package with only a Hopper op
+#                                library, and that library (sm90/common_ops.abi3.so) taken from
+#                                the torch-2.11 build named "# op library" in wheels-kernels.txt
+#                                (the 1.1 GB FlashAttention-3 library, the SM100 build and the
+#                                legacy FlashMLA ops are left out), sgl-deep-gemm's torch-2.11
+#                                build (its JIT headers included), sgl-flash-mla
 # With --flashinfer (wheels-flashinfer.txt: SGLang's default SM90 FP4 MoE runner and mHC
 # pre-GEMM; compiled at first use by its JIT):
 #   carry-flashinfer/site-flashinfer.tar.xz
@@ -55,6 +57,8 @@ git ls-files -z -co --exclude-standard | tar -c --null -T - -f - | tar -x -C "$S
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$W" "$SRC"
 
 PRUNE=()
+OVERLAY=
+OPLIB=sgl_kernel/sm90/common_ops.abi3.so
 pack() {  # ARCHIVE WHEEL...  (paths in PRUNE, relative to the site, are left out)
   local out=$1; shift
   rm -rf "$SRC/site"
@@ -64,26 +68,48 @@ pack() {  # ARCHIVE WHEEL...  (paths in PRUNE, relative to the site, are left ou
   for p in "${PRUNE[@]}"; do
     rm -rf "$SRC"/site/$p
   done
+  if [ -n "$OVERLAY" ]; then  # the op library of another sglang-kernel wheel over the installed one
+    unzip -o -q -d "$SRC/site" "$OVERLAY" "$OPLIB"
+    echo "prepare: $OPLIB from $(basename "$OVERLAY")"
+  fi
   tar -C "$SRC/site" -cf - --sort=name --mtime=@0 --owner=0 --group=0 . | xz -T0 -6 > "$out"
 }
 SGL=$(ls "$W"/sglang-0.5.23-*.whl)
-stamp=$(sha256sum "$SGL" | cut -c1-16)
+# what launch_server never loads, left out so that a call's carry stays under 64 MiB: the Rust
+# gRPC / Rust-server / bench extensions (39 MB; loaded only for --grpc-mode and the Rust server)
+# and the diffusion package multimodal_gen (23 MB)
+PRUNE=('sglang/srt/rust_extensions/_bench.*.so' 'sglang/srt/rust_extensions/_grpc.*.so'
+       'sglang/srt/rust_extensions/_server.*.so' sglang/multimodal_gen)
+stamp=$( { sha256sum "$SGL"; echo "${PRUNE[*]}"; } | sha256sum | cut -c1-16)
 if [ "$(cat "$C/site-sglang.stamp" 2>/dev/null)" != "$stamp" ] || [ ! -s "$C/site-sglang.tar.xz" ]
 then
   pack "$C/site-sglang.tar.xz" "$SGL"
   echo "$stamp" > "$C/site-sglang.stamp"
 fi
+PRUNE=()
+# this package's data (the retrieval model's 10 MB of weights) travels with the checkout, which
+# setup_device.sh lays over the wheel's package
+PRUNE=(sglang_dsv41/data)
 pack "$C/site-deps.tar.xz" $(ls "$W"/*.whl | grep -v "/sglang-0.5.23-")
+PRUNE=()
 
 if [ "$KERNELS" = 1 ]; then
   K=.gpu_e2e/whl-kernels
-  mkdir -p "$K" .gpu_e2e/carry-kernels
+  L=.gpu_e2e/whl-oplib
+  mkdir -p "$K" "$L" .gpu_e2e/carry-kernels
   rm -f "$K"/*.whl
-  download "$K" -r "$HERE/wheels-kernels.txt"
-  # sglang-kernel's wheel is 373 MB: keep its Python files and the Hopper op library only
+  grep -v '^sglang-kernel==.*# op library' "$HERE/wheels-kernels.txt" > "$SRC/kernels.txt"
+  download "$K" -r "$SRC/kernels.txt"
+  oplib=$(sed -n 's/^\(sglang-kernel==[^ ]*\) *# op library.*/\1/p' "$HERE/wheels-kernels.txt")
+  [ -n "$(ls "$L"/*.whl 2>/dev/null)" ] && [ "$(cat "$L/pin" 2>/dev/null)" = "$oplib" ] ||
+    { rm -f "$L"/*.whl; download "$L" "$oplib" && echo "$oplib" > "$L/pin"; }
+  # sglang-kernel's wheel is 373 MB: keep its Python files and the Hopper op library only;
+  # the op library is the torch-2.11 build's (wheels-kernels.txt), under the newer wrappers
   PRUNE=(sgl_kernel/flash_ops.abi3.so sgl_kernel/flashmla_ops.abi3.so sgl_kernel/sm100
          'sgl_kernel/infllm_ops.*.so')
+  OVERLAY=$(ls "$L"/sglang_kernel-*.whl)
   pack .gpu_e2e/carry-kernels/site-kernels.tar.xz "$K"/*.whl
+  OVERLAY=
 fi
 if [ "$FLASHINFER" = 1 ]; then
   F=.gpu_e2e/whl-flashinfer

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On the lent GPU machine, from the repository root: unpack the carried archives into $SITE
 # (default /tmp/gpu_e2e_site; it stays while the machine is warm, so a later call may carry
-# other archives and find these), build the torch-2.11 shim there, write $SITE/env.sh and check
-# that SGLang's kernel libraries load. Prints one line per step; exit status 1 if a carried
-# library does not load.
-#   bash scripts/gpu_e2e/setup_device.sh        (~1 min: xz, the shim's g++ build)
+# other archives and find these), write $SITE/env.sh, check that SGLang's kernel libraries
+# load natively (torch-2.11 builds: wheels-kernels.txt) and that sglang-kernel's wrappers fit
+# the op library's schemas (kernel_abi.py). Prints one line per step; exit status 1 if a
+# carried library does not load.
+#   bash scripts/gpu_e2e/setup_device.sh        (~1 min: xz)
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -31,14 +32,9 @@ if [ -d "$SITE/sglang_dsv41" ]; then
   cp -r sglang_dsv41/. "$SITE/sglang_dsv41/" && cp -r kernels/. "$SITE/sglang_dsv41/kernels/" &&
     echo "setup: sglang_dsv41 synced from the checkout"
 fi
-if [ ! -s "$SITE/libtorch211_shim.so" ] ||
-   [ scripts/gpu_e2e/shim/torch211_shim.cpp -nt "$SITE/libtorch211_shim.so" ]; then
-  bash scripts/gpu_e2e/shim/build.sh "$SITE/libtorch211_shim.so" || exit 1
-fi
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 cat > "$SITE/env.sh" <<ENV
 export PYTHONPATH=$SITE:$ROOT/scripts/gpu_e2e/preload
-export DSV41_TORCH_SHIM=$SITE/libtorch211_shim.so
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "${NVCC:-/usr/local/cuda/bin/nvcc}")")}
@@ -69,3 +65,6 @@ for name in ("sgl_kernel", "deep_gemm", "flash_mla", "flashinfer", "sglang", "sg
     print(f"setup: {name} {getattr(m, '__version__', '')} loaded{extra}")
 sys.exit(1 if bad else 0)
 CHECK
+rc=$?
+[ -d "$SITE/sgl_kernel" ] && "$PY" "$ROOT/scripts/gpu_e2e/kernel_abi.py" --json "$SITE/kernel_abi.json"
+exit $rc

@@ -1,13 +1,14 @@
 """SGLang's own ops on the V4.1 path, on the H200, each against a torch reference.
 
-Run by `scripts/gpu_e2e/head_to_head.sh ops` with the carried SGLang 0.5.23, its kernel
-libraries and the torch-2.11 shim (the step records which library functions these calls reached:
-the op census). The ops are reached the way the served model reaches them: stock SGLang's
-in-tree `DeepseekV4ForCausalLM` is built on the GPU for a flash-slice at reduced widths (every
-role, mHC, Engram, FP8 32x32 blocks, packed-FP4 experts; hidden 512, expert width 256: SM90's FP4
-runners take multiples of 128), loaded by its own `load_weights` and post-processed by SGLang's
-loader (`postprocess_weights`: DeepGEMM / Marlin / flashinfer layouts), under the MoE runner of
-DSV41_MOE_BACKEND (default marlin, as head_to_head.sh's profile) and the environment of the run.
+Run by `scripts/gpu_e2e/head_to_head.sh ops` with the carried SGLang 0.5.23 and torch-2.11 builds
+of its kernel libraries (scripts/gpu_e2e/wheels-kernels.txt; the step records which library
+functions these calls reached: the op census). The ops are reached the way the served model reaches
+them: stock SGLang's in-tree `DeepseekV4ForCausalLM` is built on the GPU for a flash-slice at
+reduced widths (every role, mHC, Engram, FP8 32x32 blocks, packed-FP4 experts; hidden 512, expert
+width 256: SM90's FP4 runners take multiples of 128), loaded by its own `load_weights` and post-
+processed by SGLang's loader (`postprocess_weights`: DeepGEMM / Marlin / flashinfer layouts), under
+the MoE runner of DSV41_MOE_BACKEND (default marlin, as head_to_head.sh's profile) and the
+environment of the run.
 References are this package's dense fp32 weights (`load_release_state`) and math:
 
     FP8 block linears     module(x) vs fake_quant_act_fp8(x) @ W^T (SGLang's activation
@@ -16,6 +17,10 @@ References are this package's dense fp32 weights (`load_release_state`) and math
                           rel. error <= 5e-2 (bf16 activations, FP4 weights exact)
     mHC pre / post        hc_pre / hc_post (SGLang's dispatch) vs layers.mhc, 1e-3 / bf16
     RMSNorm               forward_cuda vs forward_native
+    indexer logits        DeepGEMM's fp8_paged_mqa_logits (stock's V4 indexer on SM90, called
+                          as SGLang calls it: FP8 keys with one fp32 scale per entry in pages of
+                          64) vs layers.index_math.index_scores on the dequantized keys,
+                          rel. error <= 1e-2 over the visible entries
 The attention kernels of each side are checked elsewhere: ours by tests/gpu/test_sparse_attn.py
 and friends, stock's FlashMLA path end to end by the agreement harness (tools/agreement.py).
 
@@ -154,11 +159,46 @@ def test_libraries_load():
     import sgl_kernel
 
     assert "sm90" in sgl_kernel.common_ops.__file__
-    assert deep_gemm is not None and flash_mla is not None
-    # ops on the V4.1 path have a CUDA kernel (torch 2.14 builds on torch 2.11 registered theirs
-    # under the key 2.11 reads as CPU until preload/cuda_key_fix.py gives them one)
-    for op in ("sgl_kernel::rmsnorm", "deep_gemm::fp8_fp4_gemm_nt"):
-        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"), op
+    assert flash_mla is not None
+    # torch-2.11 builds: sgl_kernel's ops are registered with a CUDA kernel, DeepGEMM binds
+    # through tvm-ffi (no torch.ops registration)
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("sgl_kernel::rmsnorm", "CUDA")
+    assert callable(deep_gemm.fp8_gemm_nt) and callable(deep_gemm.fp8_paged_mqa_logits)
+
+
+@needs_cuda
+@pytest.mark.parametrize("batch,heads", [(3, 64), (8, 32)])
+def test_indexer_paged_logits(batch, heads):
+    import deep_gemm
+
+    from sglang_dsv41.layers.index_math import index_scores
+
+    page, dim, pages_per_row = 64, 128, 9
+    gen = torch.Generator(device="cuda").manual_seed(batch * 1000 + heads)
+    lens = torch.randint(1, page * pages_per_row, (batch,), generator=gen, device="cuda")
+    lens[0] = page * pages_per_row  # one row fills its pages
+    n_pages = batch * pages_per_row + 5
+    table = torch.randperm(n_pages, generator=gen, device="cuda")[: batch * pages_per_row]
+    table = table.view(batch, pages_per_row).int()  # [B, pages]
+    k = torch.randn(n_pages, page, dim, generator=gen, device="cuda")  # [P, 64, 128]
+    k_scale = k.abs().amax(-1) / 448.0  # [P, 64] one fp32 scale per entry
+    k_fp8 = (k / k_scale[..., None]).to(torch.float8_e4m3fn)
+    cache = torch.empty(n_pages, page * (dim + 4), dtype=torch.uint8, device="cuda")
+    cache[:, : page * dim] = k_fp8.view(torch.uint8).view(n_pages, -1)
+    cache[:, page * dim :] = k_scale.contiguous().view(torch.uint8).view(n_pages, -1)
+    cache = cache.view(n_pages, page, 1, dim + 4)
+    q = torch.randn(batch, 1, heads, dim, generator=gen, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(batch, heads, generator=gen, device="cuda")
+    lens2 = lens.int().unsqueeze(-1)  # [B, 1], as SGLang passes it
+    meta = deep_gemm.get_paged_mqa_logits_metadata(lens2, page, deep_gemm.get_num_sms())
+    max_len = page * pages_per_row
+    got = deep_gemm.fp8_paged_mqa_logits(q, cache, w, lens2, table, meta, max_len, False)
+    assert got.shape[0] == batch and got.shape[1] >= max_len
+    keys = (k_fp8.float() * k_scale[..., None])[table.long()].view(batch, max_len, dim)
+    for b in range(batch):
+        n = int(lens[b])
+        want = index_scores(q[b].float(), w[b : b + 1], keys[b, :n])  # [1, n]
+        assert rel_err(got[b : b + 1, :n], want) <= 1e-2, (b, n)
 
 
 @pytest.mark.parametrize("module,names", FP8_MODULES, ids=[m for m, _ in FP8_MODULES])

@@ -1,7 +1,6 @@
 """A post-import hook: once a named module has finished importing, call `fn(module)`.
 
-after_import(names, fn)   installs it first on sys.meta_path (the census and the dispatch-key
-                          fix both use it)
+after_import(names, fn)   installs it first on sys.meta_path (the op census uses it)
 """
 
 import importlib.abc
