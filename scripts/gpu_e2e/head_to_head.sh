@@ -143,7 +143,8 @@ step_warm() {
   local side=${WARM_SIDE:-ours} t=${WARM_TIMEOUT_S:-300}
   say "warm: $side, at most $t s"
   rm -rf "$WORK/census_warm_$side"
-  DSV41_OP_CENSUS=$WORK/census_warm_$side timeout -s TERM "$t" \
+  DSV41_OP_CENSUS=$WORK/census_warm_$side DSV41_STACK_EVERY_S=${STACK_EVERY_S:-} \
+    timeout -s TERM "$t" \
     "$PY" - "$side" "$SLICE" "$WORK" "$PROFILE" "$t" <<'WARM' 2>&1 |
 import signal, sys, time
 from pathlib import Path
@@ -155,8 +156,10 @@ with Server(side, slice_dir, Path(work) / f"warm_{side}.log", Settings(profile=p
     try:
         print(f"warm: {side} ready in {srv.wait_ready(float(t)):.0f} s", flush=True)
         t0 = time.time()
-        out = agreement.generate(srv.url, [[5 + i % 90 for i in range(n)] for n in (64, 4000)], 8)
-        print(f"warm: 2 requests in {time.time() - t0:.1f} s: {out}", flush=True)
+        for n in (64, 4000, 4000):
+            t0 = time.time()
+            out = agreement.generate(srv.url, [[5 + i % 90 for i in range(n)]], 8)
+            print(f"warm: {n} tokens in {time.time() - t0:.1f} s: {out}", flush=True)
     except BaseException as e:
         print(f"warm: {side} FAILED: {type(e).__name__}: {str(e)[:2000]}", flush=True)
         print(srv.tail(60), flush=True)
