@@ -56,9 +56,10 @@ step_ops() {
   # the profile's environment (as both servers get it) and its MoE runner
   eval "$("$PY" -c "import shlex; from sglang_dsv41.tools.head_to_head import PROFILES
 print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].env.items()))")"
-  local moe=marlin
+  local moe=marlin fp8=auto
   [ "$PROFILE" = flashinfer ] && moe=flashinfer_mxfp4
-  DSV41_OP_CENSUS=$WORK/census_ops DSV41_MOE_BACKEND=${MOE_BACKEND:-$moe} timeout "${OPS_TIMEOUT_S:-420}" \
+  [ "$PROFILE" = marlin-triton ] && fp8=triton
+  DSV41_FP8_GEMM_BACKEND=$fp8 DSV41_OP_CENSUS=$WORK/census_ops DSV41_MOE_BACKEND=${MOE_BACKEND:-$moe} timeout "${OPS_TIMEOUT_S:-420}" \
     "$PY" -m pytest -q -p no:cacheprovider -rs "$ROOT/tests/gpu/test_sglang_ops_h200.py" 2>&1 |
     tee "$OUT/ops.txt" | tail -n 25 | tee -a "$OUT/summary.txt"
   say "census of the ops test:"

@@ -39,6 +39,7 @@ import torch
 
 DEVICE = os.environ.get("DSV41_GPU_TEST_DEVICE", "cuda")
 BACKEND = os.environ.get("DSV41_MOE_BACKEND", "marlin")
+FP8_GEMM = os.environ.get("DSV41_FP8_GEMM_BACKEND", "auto")  # the profile's --fp8-gemm-backend
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("needs CUDA (or DSV41_GPU_TEST_DEVICE=cpu)", allow_module_level=True)
 pytest.importorskip("sglang.srt.models.deepseek_v4")
@@ -75,6 +76,7 @@ def _publish(ckpt: Path) -> None:
     """SGLang's state for one rank on DEVICE, as its scheduler sets it up before a model."""
     from sglang.srt.distributed import parallel_state
     from sglang.srt.layers.moe.utils import initialize_moe_config
+    from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
@@ -86,12 +88,19 @@ def _publish(ckpt: Path) -> None:
         )
     reset_context()
     kw = {"device": "cuda", "moe_runner_backend": BACKEND} if DEVICE == "cuda" else {}
-    args = ServerArgs(model_path="dummy", tokenizer_path=str(ckpt), tp_size=1, **kw)
+    args = ServerArgs(
+        model_path="dummy",
+        tokenizer_path=str(ckpt),
+        tp_size=1,
+        fp8_gemm_runner_backend=FP8_GEMM,
+        **kw,
+    )
     publish(args, role="test", ranks=SpawnRanks(world_rank=0))
     get_parallel().override_permanently(world_group=parallel_state._WORLD)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(backend="nccl" if DEVICE == "cuda" else "gloo")
     initialize_moe_config()
+    initialize_fp8_gemm_config()  # as SGLang's scheduler does before it builds a model
 
 
 @pytest.fixture(scope="module")

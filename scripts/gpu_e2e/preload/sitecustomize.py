@@ -1,9 +1,9 @@
 """On the lent GPU machine only (its folder is put on PYTHONPATH by scripts/gpu_e2e): in every
 Python process (SGLang spawns its scheduler and detokenizer as fresh interpreters; PYTHONPATH
 reaches them all), count the calls into SGLang's kernel libraries when DSV41_OP_CENSUS names a
-folder (op_census.py), and with DSV41_STACK_EVERY_S=N print every thread's Python stack to stderr
-every N seconds (where a server spends a long first forward: kernel builds, a host loop). Then the next `sitecustomize` on sys.path, if any, runs as it would have
-without this one.
+folder (op_census.py), and with DSV41_STACK_EVERY_S=N print every thread's Python stack to
+stderr every N seconds (where a server spends a long first forward: kernel builds, a host loop).
+Then the next `sitecustomize` on sys.path, if any, runs as it would have without this one.
 
 The kernel libraries themselves are torch-2.11 builds (wheels-kernels.txt) and load natively.
 """
