@@ -24,7 +24,7 @@
 #   dspark   tests/gpu/test_dspark_h200.py on $DSLICE: plain and --speculative-algorithm DSPARK
 #            servers of each side in DSPARK_SIDES (ours), speculative greedy = plain greedy,
 #            acceptance length and TPOT (dspark_<side>.json)
-# Environment: PROFILE (marlin; tools/head_to_head.py PROFILES), MOE_BACKEND (the ops test's
+# Environment: PROFILE (marlin-triton; tools/head_to_head.py PROFILES), MOE_BACKEND (the ops test's
 #   runner: marlin, or flashinfer_mxfp4 with the flashinfer profile), SLICE (/tmp/flash_slice),
 #   DSLICE (/tmp/flash_slice_dspark), DSPARK_EXPERTS (16), DSPARK_SIDES (ours; ours,stock),
 #   WORK (/tmp/h2h), OUT (what comes back: summary.txt, agreement.json, head_to_head.json /
@@ -37,7 +37,7 @@ WORK=${WORK:-/tmp/h2h}
 SLICE=${SLICE:-/tmp/flash_slice}
 DSLICE=${DSLICE:-/tmp/flash_slice_dspark}
 SITE=${SITE:-/tmp/gpu_e2e_site}
-PROFILE=${PROFILE:-marlin}
+PROFILE=${PROFILE:-marlin-triton}  # DeepGEMM 0.1.4 takes no 32x32 UE8M0 blocks (docs)
 PY=${PY:-python3}
 mkdir -p "$OUT" "$WORK"
 T0=$(date +%s)
