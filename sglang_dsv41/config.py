@@ -11,7 +11,8 @@ stored (docs/design.md 2.1):
 
 A Reuse/Reindex layer reads the nearest preceding kv source of the same ratio
 (`source_layer_of`) and the top-k of the nearest preceding index source of the same ratio
-(`index_source_of`). Errors name the field and the layer: `ConfigError`.
+(`index_source_of`). Errors name the field and the layer: `ConfigError`, defined with the
+checks in config_checks.py, which this file stands on.
 """
 
 from __future__ import annotations
@@ -22,16 +23,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_dsv41.config_checks import ConfigError, config_error, validate_config
+
 SWA, FULL, REINDEX, REUSE = "swa", "full", "reindex", "reuse"
-
-
-class ConfigError(ValueError):
-    """An invalid V4.1 config; the message names the field (and the layer, where there is one)."""
-
-
-def _err(field_name: str, msg: str, layer: int | None = None) -> ConfigError:
-    where = f" (layer {layer})" if layer is not None else ""
-    return ConfigError(f"{field_name}{where}: {msg}")
 
 
 @dataclass
@@ -238,14 +232,14 @@ class DeepseekV41Config:
         """
         last = max(self.kv_source_layer_ids, default=-1)
         if last > self.decoder_start:
-            return _err(
+            return config_error(
                 "kv_source_layer_ids",
                 f"bounded replay needs every kv source at or before the first decoder layer "
                 f"{self.decoder_start}",
                 last,
             )
         if tail_at_last_kv_source and last != self.decoder_start:
-            return _err(
+            return config_error(
                 "kv_source_layer_ids",
                 f"the last kv source is layer {last}; bounded replay in a layer loop whose tail "
                 f"starts at the last kv source needs it at the first decoder layer "
@@ -257,8 +251,6 @@ class DeepseekV41Config:
     def validate(self) -> None:
         """Raise ConfigError naming the field and layer of the first problem found
         (config_checks.py)."""
-        from sglang_dsv41.config_checks import validate_config
-
         validate_config(self)
 
 

@@ -4,6 +4,8 @@ A forward batch (extend, decode or mixed) is a list of B requests; request b con
 consecutive positions [prefix_b, seq_b). `Rows` is a subset of the batch's rows (bounded replay
 drops decoder rows below a request's floor); `ids` points back at the batch rows, so what source
 layers hand their consumers (`ForwardShared`) is indexed by batch row from any subset.
+`PoolWindow` and `RingPlan` say where a part's SWA layers read and write their window records;
+stores.py builds them on the part's first such layer and every other one reuses them.
 Every tensor lives on the pool's device.
 """
 
@@ -14,12 +16,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang_dsv41.kernels.sparse_attn import swa_window_slots
 from sglang_dsv41.layers.rope import RopeAngles, rope_cos_sin
+from sglang_dsv41.layers.window import swa_window
 
 if TYPE_CHECKING:
     from sglang_dsv41.kernels.args import DecodedRecords
     from sglang_dsv41.layers.protocols import Attention
-    from sglang_dsv41.serving.stores import PoolWindow, RingPlan
+    from sglang_dsv41.serving.buffers import RecordBuffers
 
 
 @dataclass
@@ -63,13 +67,73 @@ class Rows:
 
 
 @dataclass
+class PoolWindow:
+    """Where SWA-pool layers read and write in one forward: slots int32 [T, W], each row's
+    window as SWA slots (-1 outside); dst int64 [T], the rows' own SWA slots."""
+
+    slots: torch.Tensor
+    dst: torch.Tensor
+
+    @classmethod
+    def of(
+        cls, rows: Rows, ctx: BatchContext, pool: RecordBuffers, W: int, floor: torch.Tensor
+    ) -> PoolWindow:
+        rp = ctx.req_pool[rows.req]  # [T]
+        full = swa_window_slots(ctx.req_to_token, rp, rows.pos, W, floor)  # [T, W]
+        slots = pool.swa_slot_of(full).to(torch.int32)
+        return cls(slots, pool.swa_slot_of(ctx.out_loc[rows.ids]))
+
+
+@dataclass
+class RingPlan:
+    """Where ring layers read and write in one forward (rows and floors are the same for each).
+    Rings hold Wr >= W records (buffers.py: W plus a verify's slack).
+
+    slots     int32 [T, W]: each row's window in the scratch buffer [Bn Wr + T, B] (the batch's
+              rings, request b's position p at b Wr + p % Wr, then this forward's rows), -1
+              outside
+    new_rows  int64 [T]: 0..T-1, the rows' records in the scratch's tail
+    keep_slot int64 [T]: the request slot whose ring keeps the row (each request's last Wr rows
+              of this forward), 0 (padding) for the others
+    ring_pos  int64 [T]: position % Wr
+    """
+
+    slots: torch.Tensor
+    new_rows: torch.Tensor
+    keep_slot: torch.Tensor
+    ring_pos: torch.Tensor
+
+    @classmethod
+    def of(
+        cls, rows: Rows, ctx: BatchContext, W: int, floor: torch.Tensor, Wr: int | None = None
+    ) -> RingPlan:
+        Wr = W if Wr is None else Wr
+        Bn, T = ctx.batch_size, rows.n
+        first = rows.first_of_request()  # [T]
+        kpos, ok = swa_window(rows.pos, W, floor)  # [T, W]
+        p0 = rows.pos[first]
+        in_fwd = kpos >= p0[:, None]
+        slots = torch.where(
+            in_fwd,
+            Bn * Wr + first[:, None] + kpos - p0[:, None],
+            rows.req[:, None] * Wr + kpos % Wr,
+        )
+        slots = torch.where(ok, slots, torch.full_like(slots, -1)).to(torch.int32)
+        rp = ctx.req_pool[rows.req]
+        keep = rows.pos > rows.pos[rows.last_row()] - Wr
+        keep_slot = torch.where(keep, rp, torch.zeros_like(rp))
+        new_rows = torch.arange(T, device=rows.pos.device)
+        return cls(slots, new_rows, keep_slot, rows.pos % Wr)
+
+
+@dataclass
 class PartShared:
     """What is the same for every layer of one part within a forward: the encoder layers, or the
     decoder layers (from cfg.decoder_start on; their rows may be a replay subset). The layers of
     a part see the same rows and floors.
 
-    swa_window    the SWA-pool layers' window slots and destinations (serving.stores.PoolWindow)
-    ring_plan     the ring layers' reads and writes (serving.stores.RingPlan; decoder, replay on)
+    swa_window    the SWA-pool layers' window slots and destinations (PoolWindow)
+    ring_plan     the ring layers' reads and writes (RingPlan; decoder, replay on)
     rope_swa, rope_compressed   RopeAngles of the part's rows for each kind of layer (inv_freq
                   depends only on whether the layer compresses: layers.rope.rope_inv_freq)
     topk_decoded  index source layer -> the top-k records of the part's rows decoded once (CPU:

@@ -8,18 +8,14 @@ record codecs' (`kv.records`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from sglang_dsv41.kernels.kv_store import store_index_k, store_latent, store_records
-from sglang_dsv41.kernels.sparse_attn import swa_window_slots
 from sglang_dsv41.kv.pages import entry_of, entry_written_at
 from sglang_dsv41.kv.records import Layout
 from sglang_dsv41.layers.protocols import Attention, NormOp, Project
-from sglang_dsv41.layers.window import swa_window
 from sglang_dsv41.serving.buffers import RecordBuffers
-from sglang_dsv41.serving.context import BatchContext, Rows
+from sglang_dsv41.serving.context import BatchContext, PoolWindow, RingPlan, Rows
 
 
 def _normed_input(lin: Project, norm: NormOp, x: torch.Tensor):
@@ -71,66 +67,6 @@ def write_swa(
     store_records(kv, new, plan.new_rows, Layout.V41, **rope)
     ring[plan.keep_slot, plan.ring_pos] = new
     return scratch, plan.slots
-
-
-@dataclass
-class PoolWindow:
-    """Where SWA-pool layers read and write in one forward: slots int32 [T, W], each row's
-    window as SWA slots (-1 outside); dst int64 [T], the rows' own SWA slots."""
-
-    slots: torch.Tensor
-    dst: torch.Tensor
-
-    @classmethod
-    def of(
-        cls, rows: Rows, ctx: BatchContext, pool: RecordBuffers, W: int, floor: torch.Tensor
-    ) -> PoolWindow:
-        rp = ctx.req_pool[rows.req]  # [T]
-        full = swa_window_slots(ctx.req_to_token, rp, rows.pos, W, floor)  # [T, W]
-        slots = pool.swa_slot_of(full).to(torch.int32)
-        return cls(slots, pool.swa_slot_of(ctx.out_loc[rows.ids]))
-
-
-@dataclass
-class RingPlan:
-    """Where ring layers read and write in one forward (rows and floors are the same for each).
-    Rings hold Wr >= W records (buffers.py: W plus a verify's slack).
-
-    slots     int32 [T, W]: each row's window in the scratch buffer [Bn Wr + T, B] (the batch's
-              rings, request b's position p at b Wr + p % Wr, then this forward's rows), -1
-              outside
-    new_rows  int64 [T]: 0..T-1, the rows' records in the scratch's tail
-    keep_slot int64 [T]: the request slot whose ring keeps the row (each request's last Wr rows
-              of this forward), 0 (padding) for the others
-    ring_pos  int64 [T]: position % Wr
-    """
-
-    slots: torch.Tensor
-    new_rows: torch.Tensor
-    keep_slot: torch.Tensor
-    ring_pos: torch.Tensor
-
-    @classmethod
-    def of(
-        cls, rows: Rows, ctx: BatchContext, W: int, floor: torch.Tensor, Wr: int | None = None
-    ) -> RingPlan:
-        Wr = W if Wr is None else Wr
-        Bn, T = ctx.batch_size, rows.n
-        first = rows.first_of_request()  # [T]
-        kpos, ok = swa_window(rows.pos, W, floor)  # [T, W]
-        p0 = rows.pos[first]
-        in_fwd = kpos >= p0[:, None]
-        slots = torch.where(
-            in_fwd,
-            Bn * Wr + first[:, None] + kpos - p0[:, None],
-            rows.req[:, None] * Wr + kpos % Wr,
-        )
-        slots = torch.where(ok, slots, torch.full_like(slots, -1)).to(torch.int32)
-        rp = ctx.req_pool[rows.req]
-        keep = rows.pos > rows.pos[rows.last_row()] - Wr
-        keep_slot = torch.where(keep, rp, torch.zeros_like(rp))
-        new_rows = torch.arange(T, device=rows.pos.device)
-        return cls(slots, new_rows, keep_slot, rows.pos % Wr)
 
 
 def _pairs(rows: Rows, r: int):

@@ -28,12 +28,12 @@ from __future__ import annotations
 import json
 import logging
 
+from sglang_dsv41.dspark_defaults import DSPARK
 from sglang_dsv41.sglang.hf_config import ARCH
 from sglang_dsv41.sglang.hooks import is_ours
 
 logger = logging.getLogger(__name__)
 
-DSPARK = "DSPARK"
 DRAFT_ARCH = "DeepseekV4ForCausalLMDSpark"
 DRAFT_BACKEND = "dsv4"  # SGLang's dspark_config.DSV4_DRAFT_ATTENTION_BACKEND
 

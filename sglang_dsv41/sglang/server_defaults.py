@@ -7,7 +7,7 @@ provider), so that `--model-path DIR --device cpu` needs no other flag.
                         match the reference)
     page size           2 when odd: a ratio-2 entry's two tokens share a page, so radix hits
                         end on entry boundaries and the entry's row is slot // 2
-    DSPARK on CUDA      page size 256 and the draft's FP8 records (dspark_defaults.py)
+    DSPARK on CUDA      page size 256 and the draft's FP8 records (sglang_dsv41/dspark_defaults.py)
     CUDA + released format   cuda_defaults.py (MoE runner, FP8 GEMM backend; requires
                         --disable-cuda-graph)
     CUDA, this package's torch model
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import logging
 
+from sglang_dsv41.dspark_defaults import dspark_server_defaults
 from sglang_dsv41.sglang.backend import BACKEND_NAME
 from sglang_dsv41.sglang.cuda_defaults import cuda_server_defaults
-from sglang_dsv41.sglang.dspark_defaults import dspark_server_defaults
 
 logger = logging.getLogger(__name__)
 

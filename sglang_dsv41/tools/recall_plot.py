@@ -1,10 +1,9 @@
-"""recall_report's PNG, drawn from its report dict alone: one panel per metric against context
-length (log-log). A panel with up to 6 layers draws each; with more, the mean per (role, half of the
-stack) with the min..max over those layers shaded."""
+"""recall_report's PNG, drawn from its report dict and metric titles alone: one panel per metric
+against context length (log-log). A panel with up to 6 layers draws each; with more, the mean per
+(role, half of the stack) with the min..max over those layers shaded. recall_report stands on this
+file; this file imports nothing of it."""
 
 from __future__ import annotations
-
-from sglang_dsv41.tools.recall_report import METRICS
 
 
 def _series(rep: dict, name: str) -> dict:
@@ -36,13 +35,15 @@ def _role(rep: dict, layer: int) -> str:
     return next(x["role"] for x in rep["layers"] if x["layer"] == layer)
 
 
-def plot_recall(rep: dict, path: str) -> None:
+def plot_recall(rep: dict, path: str, metrics) -> None:
+    """Write the PNG of report `rep` to `path`; metrics: (result key, panel title) pairs, a
+    panel for each key some result holds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(n, t) for n, t in METRICS if any(n in r for r in rep["results"])]
+    panels = [(n, t) for n, t in metrics if any(n in r for r in rep["results"])]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.8), squeeze=False)
     ctx = rep["contexts"]
     g = rep["geometry"]

@@ -52,6 +52,7 @@ from sglang_dsv41.kv.pages import entries_visible
 from sglang_dsv41.layers.index_math import index_scores, topk_indices, visible_mask
 from sglang_dsv41.reference.attention import SharedState
 from sglang_dsv41.tools.cli import cli_parser
+from sglang_dsv41.tools.recall_plot import plot_recall
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -313,9 +314,7 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=1))
     if args.plot:
-        from sglang_dsv41.tools.recall_plot import plot_recall
-
-        plot_recall(rep, args.plot)
+        plot_recall(rep, args.plot, METRICS)
     print(text_table(rep))
     return 0
 

@@ -21,13 +21,6 @@ import torch
 
 from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.tools.counter_normal import counter_normal, tensor_key
-from sglang_dsv41.tools.flash_slice import (
-    ENGRAM_VOCAB,
-    RELEASE_LAYERS,
-    TRAINED_VOCAB,
-    slice_config,
-    slice_text_config,
-)
 from sglang_dsv41.tools.outdir import prepare_out_dir
 from sglang_dsv41.tools.progress import progress as progress_line
 from sglang_dsv41.tools.release_checkpoint import (
@@ -35,6 +28,13 @@ from sglang_dsv41.tools.release_checkpoint import (
     init_affine,
     quantize_release,
     write_shards,
+)
+from sglang_dsv41.tools.slice_config import (
+    ENGRAM_VOCAB,
+    RELEASE_LAYERS,
+    TRAINED_VOCAB,
+    slice_config,
+    slice_text_config,
 )
 from sglang_dsv41.weights.dspark_manifest import (
     PREFIX as DSPARK_PREFIX,

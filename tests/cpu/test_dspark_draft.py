@@ -355,8 +355,8 @@ def test_dspark_server_defaults(monkeypatch):
     from sglang.srt.arg_groups.arg_utils import resolvable_fields
     from sglang.srt.server_args import ServerArgs
 
+    from sglang_dsv41.dspark_defaults import dspark_server_defaults
     from sglang_dsv41.sglang import server_defaults as sd
-    from sglang_dsv41.sglang.dspark_defaults import dspark_server_defaults
 
     def view(**kw):
         base = dict(device="cuda", page_size=1, speculative_algorithm="DSPARK")

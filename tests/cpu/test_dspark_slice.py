@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from sglang_dsv41.config import DeepseekV41Config
-from sglang_dsv41.tools.flash_slice import DSPARK_EXPERTS, SliceError, report, slice_text_config
+from sglang_dsv41.tools.flash_slice import report
+from sglang_dsv41.tools.slice_config import DSPARK_EXPERTS, SliceError, slice_text_config
 from sglang_dsv41.weights.dspark_manifest import dspark_release_tensors
 from sglang_dsv41.weights.release_manifest import release_manifest
 

@@ -22,16 +22,16 @@ import torch
 
 from sglang_dsv41.config import FULL, REINDEX, REUSE, SWA, DeepseekV41Config
 from sglang_dsv41.tools.counter_normal import counter_normal, tensor_key
-from sglang_dsv41.tools.flash_slice import (
+from sglang_dsv41.tools.flash_slice import report
+from sglang_dsv41.tools.release_checkpoint import flash_config
+from sglang_dsv41.tools.slice_config import (
     RELEASE_LAYERS,
     SliceError,
     layer_table,
     missing_roles,
-    report,
     slice_config,
     slice_text_config,
 )
-from sglang_dsv41.tools.release_checkpoint import flash_config
 from sglang_dsv41.weights.release_config import flash_mini_text_config, flash_text_config
 from sglang_dsv41.weights.release_manifest import release_manifest
 

@@ -1,8 +1,8 @@
 """Server defaults under `--speculative-algorithm DSPARK` on CUDA (docs/speculative.md 6).
 
 The DSpark draft is SGLang's `DeepseekV4ForCausalLMDSpark` on SGLang's own V4 pool and `dsv4`
-backend (dspark_draft.py), which stock SGLang configures through its V4 defaults; those run for
-its architecture name only, so the two settings the draft's pool needs are declared here:
+backend (sglang/dspark_draft.py), which stock SGLang configures through its V4 defaults; those
+run for its architecture name only, so the two settings the draft's pool needs are declared here:
 
     page_size                         256: SGLang's V4 pool asserts it on CUDA, and one page size
                                       serves both runners (this package's pool takes any even
@@ -11,13 +11,14 @@ its architecture name only, so the two settings the draft's pool needs are decla
                                       (left `auto` it would follow this package's target, whose
                                       `auto` gives the draft a bf16 pool); a value the user set
                                       is kept
-Both fields are model-overridable (`resolvable_fields(ServerArgs)`).
+Both fields are model-overridable (`resolvable_fields(ServerArgs)`). A pure rule over the
+resolved arguments (no SGLang import), applied by sglang/server_defaults.py.
 """
 
 from __future__ import annotations
 
-from sglang_dsv41.sglang.dspark_draft import DSPARK
-
+DSPARK = "DSPARK"
+"""SGLang's name of the algorithm (`--speculative-algorithm DSPARK`)."""
 DRAFT_PAGE = 256
 DRAFT_KV_DTYPE = "fp8_e4m3"
 
