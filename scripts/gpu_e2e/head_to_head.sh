@@ -8,6 +8,9 @@
 # STEP:
 #   setup    unpack the carried archives, check the kernel libraries load and fit their wrappers
 #   ops      tests/gpu/test_sglang_ops_h200.py: SGLang's ops on the V4.1 path against torch
+#   prebuild in the background, the ops test's MoE / FP8 / mHC tests: SGLang's JIT modules (the
+#            Marlin MoE module is minutes of nvcc) built into the machine's caches while the
+#            slice is written; `wait` waits for it (a server's first forward would build them)
 #   slice    write flash-slice (tools.flash_slice) to $SLICE unless it is there already
 #   correct  stock, then ours: greedy continuations, ours' teacher-forced view of stock's,
 #            op census and stub calls of both (tools.agreement run)
@@ -50,20 +53,47 @@ pack_logs() {
 
 step_setup() { bash "$HERE/setup_device.sh" 2>&1 | tee -a "$OUT/summary.txt"; }
 
+profile_env() {  # the profile's environment (as both servers get it) and the ops test's runners
+  eval "$("$PY" -c "import shlex; from sglang_dsv41.tools.head_to_head import PROFILES
+print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].env.items()))")"
+  export DSV41_MOE_BACKEND=${MOE_BACKEND:-marlin} DSV41_FP8_GEMM_BACKEND=auto
+  [ "$PROFILE" = flashinfer ] && export DSV41_MOE_BACKEND=${MOE_BACKEND:-flashinfer_mxfp4}
+  [ "$PROFILE" = marlin-triton ] && export DSV41_FP8_GEMM_BACKEND=triton
+  return 0
+}
+
 step_ops() {
   env_ok || return
   cd /tmp
-  # the profile's environment (as both servers get it) and its MoE runner
-  eval "$("$PY" -c "import shlex; from sglang_dsv41.tools.head_to_head import PROFILES
-print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].env.items()))")"
-  local moe=marlin fp8=auto
-  [ "$PROFILE" = flashinfer ] && moe=flashinfer_mxfp4
-  [ "$PROFILE" = marlin-triton ] && fp8=triton
-  DSV41_FP8_GEMM_BACKEND=$fp8 DSV41_OP_CENSUS=$WORK/census_ops DSV41_MOE_BACKEND=${MOE_BACKEND:-$moe} timeout "${OPS_TIMEOUT_S:-420}" \
+  profile_env
+  DSV41_OP_CENSUS=$WORK/census_ops timeout "${OPS_TIMEOUT_S:-420}" \
     "$PY" -m pytest -q -p no:cacheprovider -rs "$ROOT/tests/gpu/test_sglang_ops_h200.py" 2>&1 |
     tee "$OUT/ops.txt" | tail -n 25 | tee -a "$OUT/summary.txt"
   say "census of the ops test:"
   "$PY" "$HERE/preload/op_census.py" "$WORK/census_ops" | head -n 40 | tee -a "$OUT/summary.txt"
+}
+
+step_prebuild() {  # in the background: the ops test's MoE / FP8 / mHC tests build SGLang's JIT
+  env_ok || return  # modules (Marlin MoE: minutes of nvcc) into the machine's caches
+  cd /tmp
+  (
+    profile_env
+    timeout "${PREBUILD_TIMEOUT_S:-540}" "$PY" -m pytest -q -p no:cacheprovider \
+      "$ROOT/tests/gpu/test_sglang_ops_h200.py" -k "moe_block or mhc or fp8_block_linear" \
+      >"$WORK/prebuild.txt" 2>&1
+    echo "rc=$?" >>"$WORK/prebuild.txt"
+  ) &
+  echo $! >"$WORK/prebuild.pid"
+  say "prebuild: started (pid $(cat "$WORK/prebuild.pid")); the step wait waits for it"
+}
+
+step_wait() {
+  local pid t0
+  pid=$(cat "$WORK/prebuild.pid" 2>/dev/null) || { say "wait: no prebuild"; return; }
+  t0=$(date +%s)
+  while kill -0 "$pid" 2>/dev/null; do sleep 3; done
+  say "wait: prebuild finished ($(( $(date +%s) - t0 )) s waited): $(tail -n 2 "$WORK/prebuild.txt" | tr '\n' ' ')"
+  rm -f "$WORK/prebuild.pid"
 }
 
 step_slice() {
@@ -200,8 +230,7 @@ print(int(json.load(sys.stdin)['weights_gib']) + 4)")
 step_dspark() {
   env_ok || return
   cd /tmp
-  eval "$("$PY" -c "import shlex; from sglang_dsv41.tools.head_to_head import PROFILES
-print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].env.items()))")"
+  profile_env
   DSV41_FLASH_SLICE_DSPARK=$DSLICE DSV41_DSPARK_OUT=$WORK/dspark \
     DSV41_DSPARK_SIDES=${DSPARK_SIDES:-ours} PROFILE=$PROFILE timeout 580 \
     "$PY" -m pytest -q -s -p no:cacheprovider -rs "$ROOT/tests/gpu/test_dspark_h200.py" 2>&1 |
@@ -215,7 +244,7 @@ print(' '.join(f'export {k}={shlex.quote(v)};' for k, v in PROFILES['$PROFILE'].
 [ $# -gt 0 ] || set -- setup ops slice
 for s in "$@"; do
   case $s in
-    setup|ops|slice|correct|oracle|bench|table|warm|dslice|dspark) say "step $s (profile $PROFILE)"; "step_$s" ;;
+    setup|ops|prebuild|wait|slice|correct|oracle|bench|table|warm|dslice|dspark) say "step $s (profile $PROFILE)"; "step_$s" ;;
     *) say "unknown step $s" ;;
   esac
 done
