@@ -19,6 +19,7 @@ from sglang_dsv41.layers.rope import RopeAngles, rope_cos_sin
 if TYPE_CHECKING:
     from sglang_dsv41.kernels.args import DecodedRecords
     from sglang_dsv41.layers.protocols import Attention
+    from sglang_dsv41.serving.prefix_replay import Fold
     from sglang_dsv41.serving.stores import PoolWindow, RingPlan
 
 
@@ -131,7 +132,11 @@ class BatchContext:
     batch rows; replaying: some row lies below its request's floor (host flag, set for extend
     batches; decode rows never do); max_slots: `slots_bound` of the batch (host int, set for
     extend batches), the bound that sizes a prefill's attention workspace without a host sync
-    (kernels.args.SparseKV.max_slots).
+    (kernels.args.SparseKV.max_slots); resume int64 [B]: the request's prefix resume point M
+    (positions below it read and write SWA in its replay window; 0 = none) and swa_floors
+    int64 [B] the SWA floor of the pool layers, replay_floor(M) (None: no request resumes;
+    docs/design.md 2.8); fold: the replay rows this forward adds in front of SGLang's rows
+    (serving.prefix_replay.Fold; None: none).
     """
 
     rows: Rows
@@ -143,6 +148,9 @@ class BatchContext:
     out_loc: torch.Tensor
     replaying: bool = False
     max_slots: int | None = None
+    resume: torch.Tensor | None = None
+    swa_floors: torch.Tensor | None = None
+    fold: Fold | None = None
     shared: ForwardShared = field(default_factory=ForwardShared)
 
     @property
@@ -151,6 +159,12 @@ class BatchContext:
 
     def row_floors(self, rows: Rows) -> torch.Tensor:
         return self.floors[rows.req]
+
+    def row_swa_floors(self, rows: Rows) -> torch.Tensor:
+        """int64 [T]: the SWA floor of the SWA-pool layers for each row (0 without resumes)."""
+        if self.swa_floors is None:
+            return torch.zeros_like(rows.pos)
+        return self.swa_floors[rows.req]
 
 
 def slots_bound(seq_lens) -> int:
@@ -186,13 +200,16 @@ def decode_context(
     req_to_token: torch.Tensor,
     floors: torch.Tensor,
     table_len: int,
+    resume: torch.Tensor | None = None,
 ) -> BatchContext:
     """The context of a decode batch (one new token per request) from its device tensors alone:
     no host sync, static shapes, so it can be built inside a CUDA graph capture.
-    req_pool, seq_lens (after this step), out_loc int64 [B]; floors int64 [B]."""
+    req_pool, seq_lens (after this step), out_loc int64 [B]; floors, resume int64 [B]."""
     B = seq_lens.numel()
     rows = rows_from_lens(seq_lens - 1, torch.ones_like(seq_lens), B)
-    return BatchContext(rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc)
+    return BatchContext(
+        rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc, resume=resume
+    )
 
 
 def verify_context(
@@ -203,6 +220,7 @@ def verify_context(
     req_to_token: torch.Tensor,
     floors: torch.Tensor,
     table_len: int,
+    resume: torch.Tensor | None = None,
 ) -> BatchContext:
     """The context of a target-verify batch (speculative decoding): `width` rows per request at
     positions [prefix_b, prefix_b + width), causal within the block, from device tensors alone
@@ -213,4 +231,6 @@ def verify_context(
     B = prefix_lens.numel()
     rows = rows_from_lens(prefix_lens, torch.full_like(prefix_lens, width), B * width)
     seq_lens = prefix_lens + width
-    return BatchContext(rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc)
+    return BatchContext(
+        rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc, resume=resume
+    )

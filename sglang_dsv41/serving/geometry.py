@@ -13,8 +13,10 @@ these bytes, the server's pool sizing budgets them, its startup log prints them 
                 bounded replay on these are the encoder layers only.
     request     per request slot: the fp32 pair (c, z) of each ratio-2 source's unpaired token,
     slots       the decoder SWA rings with replay on (a window of V41 records per decoder layer,
-                see buffers.py for why), the Engram n-gram tail and the replay floor; plus the
-                slot table row SGLang allocates per request slot (int32 per position of context).
+                see buffers.py for why), with prefix replay a replay window (a window of V41
+                records per SWA-pool layer, docs/design.md 2.8), the Engram n-gram tail, the
+                floors and the resume point; plus the slot table row SGLang allocates per
+                request slot (int32 per position of context).
 SGLang's hybrid SWA allocator also keeps an int64 full -> SWA mapping entry per full slot
 (MAPPING_BYTES); `total_bytes` charges it with the buffers.
 Buffers carry one page more than their slot count (slot 0 is SGLang's padding slot), and one
@@ -41,6 +43,7 @@ class PoolGeometry:
     cfg: DeepseekV41Config
     replay: bool = False
     verify_width: int = 1
+    prefix_replay: bool = False
 
     def __post_init__(self):
         if self.verify_width < 1:
@@ -110,13 +113,22 @@ class PoolGeometry:
     def ring_bytes_per_request(self) -> int:
         return self.swa_record * self.ring_width * len(self.ring_layers)
 
+    def replay_window_bytes_per_request(self) -> int:
+        """A request slot's replay window: one window of V41 records per SWA-pool layer (prefix
+        replay on), where the replayed segment's SWA lives (buffers.py)."""
+        if not self.prefix_replay:
+            return 0
+        return self.swa_record * self.cfg.sliding_window * len(self.swa_layers)
+
     def engram_tail_len(self) -> int:
         return max(self.cfg.engram_max_ngram_size - 1, 0) if self.cfg.engram_layer_ids else 0
 
     def state_bytes_per_request(self) -> int:
-        """Per request slot in this package's buffers: pending pairs, rings, Engram tail, floor."""
+        """Per request slot in this package's buffers: pending pairs, rings, the replay window,
+        Engram tail, the two floors and the resume point."""
         tail = 8 * self.engram_tail_len()
-        return self.pending_bytes_per_request() + self.ring_bytes_per_request() + tail + 8
+        windows = self.ring_bytes_per_request() + self.replay_window_bytes_per_request()
+        return self.pending_bytes_per_request() + windows + tail + 3 * 8
 
     def bytes_per_request_slot(self, context_len: int) -> int:
         """Everything a request slot costs: this package's state plus SGLang's slot table row

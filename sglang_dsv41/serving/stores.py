@@ -45,9 +45,10 @@ def write_swa(
     `layers.window.swa_window(p, W, floor)`, slots oldest first, -1 outside.
 
     SWA-pool layers write at the SWA slots of ctx.out_loc and read their window through the slot
-    table and the full -> SWA mapping. Ring layers (decoder, replay on) read a scratch copy of
-    the batch's rings plus this forward's records, then keep each request's last W records of
-    this forward in its ring.
+    table and the full -> SWA mapping; a resumed request's positions below its resume point are
+    its replay window's instead (PoolWindow, docs/design.md 2.8). Ring layers (decoder, replay
+    on) read a scratch copy of the batch's rings plus this forward's records, then keep each
+    request's last W records of this forward in its ring.
     """
     i, W = attn.layer_id, attn.cfg.sliding_window
     kv, w = _normed_input(attn.wkv, attn.kv_norm, x)
@@ -76,7 +77,9 @@ def write_swa(
 @dataclass
 class PoolWindow:
     """Where SWA-pool layers read and write in one forward: slots int32 [T, W], each row's
-    window as SWA slots (-1 outside); dst int64 [T], the rows' own SWA slots."""
+    window as SWA slots (-1 outside); dst int64 [T], the rows' own SWA slots. Positions below a
+    resumed request's resume point are rows of its replay window (RecordBuffers.replay_row):
+    the replay segment's SWA, which no other request reads."""
 
     slots: torch.Tensor
     dst: torch.Tensor
@@ -87,8 +90,15 @@ class PoolWindow:
     ) -> PoolWindow:
         rp = ctx.req_pool[rows.req]  # [T]
         full = swa_window_slots(ctx.req_to_token, rp, rows.pos, W, floor)  # [T, W]
-        slots = pool.swa_slot_of(full).to(torch.int32)
-        return cls(slots, pool.swa_slot_of(ctx.out_loc[rows.ids]))
+        slots = pool.swa_slot_of(full)
+        dst = pool.swa_slot_of(ctx.out_loc[rows.ids])
+        if ctx.resume is not None:
+            resume = ctx.resume[rows.req]  # [T]
+            kpos, _ = swa_window(rows.pos, W)  # [T, W], the positions of `full`
+            replayed = (kpos < resume[:, None]) & (full >= 0)
+            slots = torch.where(replayed, pool.replay_row(rp[:, None], kpos), slots)
+            dst = torch.where(rows.pos < resume, pool.replay_row(rp, rows.pos), dst)
+        return cls(slots.to(torch.int32), dst)
 
 
 @dataclass
@@ -160,6 +170,8 @@ def compress(
     c, z = attn.compressor.project(x)  # [T, D] fp32 each (z None at ratio 1)
     rp = ctx.req_pool[rows.req]  # [T]
     done, prev_same = _pairs(rows, r)
+    if ctx.resume is not None:  # a replay segment's entries are the prefix cache's, kept
+        done = done & (rows.pos >= ctx.resume[rows.req])
     if r == 2:
         # partner: the previous row of the same request, else the request's pending token
         prev = (torch.arange(rows.n, device=c.device) - 1).clamp_min(0)
@@ -171,6 +183,8 @@ def compress(
         zg = torch.stack((torch.where(own, z[prev], held[:, 1]), z), 1)
         last = rows.pos[rows.last_row()]
         hold = ~done & (rows.pos > last - 2 * K)  # even tokens of the request's last K entries
+        if ctx.resume is not None:
+            hold = hold & (rows.pos >= ctx.resume[rows.req])
         dst = torch.where(hold, rp, torch.zeros_like(rp))  # others to the padding slot 0
         pend[dst, (rows.pos // 2) % K] = torch.stack((c, z), 1)
     else:
