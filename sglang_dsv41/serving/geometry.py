@@ -178,6 +178,46 @@ class PoolGeometry:
             tokens -= page_size  # per-entry rounding of the ratio-r buffers
         return tokens
 
+    def sized(
+        self,
+        budget: int,
+        swa_ratio: float,
+        min_swa: int,
+        page_size: int,
+        max_requests: int,
+        context_len: int,
+        max_full: int | None = None,
+    ) -> tuple[int, int]:
+        """(full slots, SWA slots) of a pool whose SWA room is `swa_ratio` x its full room
+        (SGLang's --swa-full-tokens-ratio, never below `min_swa`) and whose buffers fit in
+        `budget`; max_full caps the full room (--max-total-tokens, the CPU cap)."""
+        per_token = self.global_bytes_per_token() + MAPPING_BYTES
+        per_token += swa_ratio * self.swa_bytes_per_slot()
+        fixed = self.total_bytes(0, 0, page_size, max_requests, context_len)
+        full = int(max(budget - fixed, 0) // per_token) if per_token else 0
+        if max_full is not None:
+            full = min(full, max_full)
+        full = full // page_size * page_size
+        while (
+            full
+            and self.total_bytes(
+                full,
+                self.swa_room(full, swa_ratio, min_swa, page_size),
+                page_size,
+                max_requests,
+                context_len,
+            )
+            > budget
+        ):
+            full -= page_size
+        return full, self.swa_room(full, swa_ratio, min_swa, page_size)
+
+    @staticmethod
+    def swa_room(full: int, swa_ratio: float, min_swa: int, page_size: int) -> int:
+        """SWA slots for `full` full slots: swa_ratio x full (a multiple of the page), at least
+        min_swa (what one running request and the prefill chunks in flight need)."""
+        return max(int(full * swa_ratio) // page_size * page_size, min_swa)
+
     def total_bytes(self, full, swa, page_size, max_requests, context_len) -> int:
         """Our buffers plus SGLang's slot table rows and full -> SWA mapping: what a pool of
         these sizes costs."""

@@ -66,33 +66,33 @@ def plan_hit(
     present: torch.Tensor,
     window: int,
     page: int,
-    floor: int = 0,
-    first: bool = True,
+    exact_cap: int | None = None,
+    exact_only: bool = False,
     kept: int = 0,
 ) -> HitPlan:
     """Where a request's radix hit stops (docs/design.md 2.8).
 
     match: the radix match (page-aligned, global KV on the device); present bool [>= match]:
-    the prefix positions whose SWA is mapped; floor: the request's decoder replay floor (0
-    without decoder replay); first: the request's first prefill (False after a retraction);
-    kept: the resume point of its first prefill (0: it did not resume).
+    the prefix positions whose SWA is mapped; exact_cap: the longest hit an exact continuation
+    may take (the request's decoder replay floor: the decoder never reads cached decoder SWA;
+    None = match, without decoder replay); exact_only: the request may not take a new
+    approximation (a retracted request, prompt logprobs); kept: the resume point of the
+    request's first prefill (0: it did not resume).
 
-    First prefill: stop at min(match, floor) (the decoder never reads cached decoder SWA)
-    when that window is resident: exact. Otherwise resume at the whole match: its last window
-    is replayed; its rows from replay_floor(match) <= floor also give the decoder its rows from
-    `floor` on, so
-    a full hit costs about one window. A retracted request prefills again as it did: from its
-    kept resume point while the prefix still reaches it, else only as far as the SWA window is
-    resident (it never takes a new approximation).
+    Stop at min(match, exact_cap) when that window is resident: exact. Otherwise resume at the
+    whole match: its last window is replayed, and those rows, from replay_floor(match) <= the
+    decoder floor, also give the decoder its rows, so a full hit costs about one window. A
+    retracted request prefills again as it did: from its kept resume point while the prefix
+    still reaches it, else only as far as a resident window allows.
     """
-    cap = min(match, floor) if floor else match
+    cap = match if exact_cap is None else min(match, exact_cap) // page * page
     if kept and match >= kept:
         return HitPlan(kept, kept)
-    if not first:
+    if exact_only:
         return HitPlan(longest_resident(present, cap, window, page))
-    if cap == 0 or window_resident(present, cap, window):
+    if cap and window_resident(present, cap, window):
         return HitPlan(cap)
-    return HitPlan(match, match)
+    return HitPlan(match, match) if match else HitPlan(0)
 
 
 @dataclass

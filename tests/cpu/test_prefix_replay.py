@@ -184,17 +184,17 @@ def test_hit_plans():
     W, P = 16, 2
     gone = torch.zeros(200, dtype=torch.bool)
     live = torch.ones(200, dtype=torch.bool)
-    assert plan_hit(0, gone, W, P, floor=50) == HitPlan(0)
-    assert plan_hit(120, live, W, P, floor=90) == HitPlan(90)  # exact, at the decoder floor
-    assert plan_hit(120, gone, W, P, floor=90) == HitPlan(120, 120)  # replay the whole hit
+    assert plan_hit(0, gone, W, P, exact_cap=50) == HitPlan(0)
+    assert plan_hit(120, live, W, P, exact_cap=90) == HitPlan(90)  # exact, at the decoder floor
+    assert plan_hit(120, gone, W, P, exact_cap=90) == HitPlan(120, 120)  # replay the whole hit
     assert plan_hit(120, gone, W, P) == HitPlan(120, 120)  # no decoder replay
-    assert plan_hit(10, gone, W, P) == HitPlan(10, 10)
+    assert plan_hit(10, live, W, P, exact_cap=0) == HitPlan(10, 10)  # a short prompt replays
     part = live.clone()
     part[100] = False
     assert plan_hit(110, part, W, P) == HitPlan(110, 110)  # a window partly gone replays
-    assert plan_hit(110, part, W, P, first=False) == HitPlan(100)  # retracted: exact only
-    assert plan_hit(120, gone, W, P, first=False, kept=100) == HitPlan(100, 100)
-    assert plan_hit(80, gone, W, P, first=False, kept=100) == HitPlan(0)
+    assert plan_hit(110, part, W, P, exact_only=True) == HitPlan(100)  # retracted: exact only
+    assert plan_hit(120, gone, W, P, exact_only=True, kept=100) == HitPlan(100, 100)
+    assert plan_hit(80, gone, W, P, exact_only=True, kept=100) == HitPlan(0)
 
 
 def test_fold_puts_the_segment_in_front():
