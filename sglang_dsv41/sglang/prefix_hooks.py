@@ -15,6 +15,10 @@ without its SWA resumes by bounded replay (docs/design.md 2.8).
         rule): an exact hit where the SWA window is resident (matched again at that length when
         it is shorter than the radix match), else a resume at the whole match. The plan waits
         on the request (`RequestHit`) for the prefill hook (hooks.py), which queues the replay.
+        A resumed request whose next tokens the tree already holds (a full hit: SGLang never
+        matches the last prompt token) publishes nothing (SGLang's `skip_radix_cache_insert`,
+        its flag for KV the token ids alone do not determine): its insert would otherwise
+        dedupe its rows onto the tree's copies, computed by another pass.
 
 Everything passes through unless the tree's pool is this package's with prefix replay on.
 """
@@ -39,11 +43,13 @@ class RequestHit:
     """What the prefix cache gave one SGLang request (kept on its `Req` as `dsv41_hit`).
 
     resume: the resume point of its current prefill (0: none); kept: the resume point of its
-    first prefill, which a retracted request replays again; prefilled: it has prefilled once."""
+    first prefill, which a retracted request replays again; prefilled: it has prefilled once;
+    unpublished: this package set the request's skip_radix_cache_insert."""
 
     resume: int = 0
     kept: int = 0
     prefilled: bool = False
+    unpublished: bool = False
 
 
 def hit_of(req) -> RequestHit:
@@ -130,8 +136,22 @@ def _match(original, req, tree_cache, token_ids=None, *args, **kwargs):
         kwargs["max_prefix_len"] = plan.match if limit is None else min(limit, plan.match)
         result = original(req, tree_cache, token_ids, *args, **kwargs)
     prefix = int(req.prefix_len)
-    hit_of(req).resume = prefix if plan.resume and prefix else 0
+    hit = hit_of(req)
+    hit.resume = prefix if plan.resume and prefix else 0
+    if not hit.prefilled:
+        unpublished = bool(hit.resume) and held_beyond(tree_cache, req, token_ids, prefix)
+        if unpublished or hit.unpublished:
+            req.skip_radix_cache_insert = hit.unpublished = unpublished
     return result
+
+
+def held_beyond(tree_cache, req, token_ids, prefix: int) -> bool:
+    """The tree's device KV covers more of the request's tokens than its prefix."""
+    from sglang.srt.mem_cache.common import _req_radix_key
+
+    ids = token_ids if token_ids is not None else req.origin_input_ids + req.output_ids
+    held, _, _ = tree_cache.tree_core.match_full_device_prefix(_req_radix_key(tree_cache, req, ids))
+    return held > prefix
 
 
 def register_prefix_hooks() -> None:
