@@ -1,8 +1,9 @@
 """The prefix cache with two lifetimes (docs/design.md 2.8) against servers this script starts.
 
     python benchmarks/bench_prefix_cache.py [--model-path DIR] [--lengths 1024,4096,16384]
-        [--sessions 12 --wave 4 --turns 4 --session-len 2048] [--parts bytes,ttft,hits]
-        [--peer] [--out DIR] [--label TEXT]
+        [--docs 2 --sessions-per-doc 6 --turns 3 --session-len 4096 --message-len 1024]
+        [--parts bytes,ttft,hits]
+        [--peer] [--server-flags "FLAGS"] [--out DIR] [--label TEXT]
 
 bytes   cached prefix tokens per GiB of cache from the byte calculator
         (`tools.kv_capacity.cached_prefix_bytes`): this package keeps a prefix hit-able on its
@@ -11,16 +12,20 @@ bytes   cached prefix tokens per GiB of cache from the byte calculator
         served model and V4.1-Flash, at every --lengths.
 ttft    per length: a miss (a new document and question), a full hit (the same prompt again at
         once) and an SWA-evicted hit (the document with another question, after other
-        documents pushed its SWA out of the SWA room). Client-side time of a 1-token /generate
-        on a server with a small SWA room (`--swa-full-tokens-ratio 0.02`) and a global room
-        that holds every document. The retrieval model's reply to each question is checked.
-hits    multi-turn sessions sharing long prefixes: waves of --wave concurrent sessions, each a
-        document of --session-len tokens and --turns questions (turn t's prompt is turn t-1's
-        prompt, its reply and a new question), round-robin within a wave; a global room of
-        half the working set, a small SWA room. Hit rate = cached prompt tokens / prompt tokens
-        over turns after the first.
+        documents pushed its SWA out of the SWA room). Client-side time to the first streamed
+        token of a greedy /generate (8 tokens: the reply is checked for the fact's code), on a
+        server with a small SWA room (`--swa-full-tokens-ratio 0.02`) and a global room that
+        holds every document.
+hits    multi-turn sessions sharing long prefixes: --docs documents of --session-len tokens,
+        each shared by --sessions-per-doc sessions; a turn's prompt is the session's previous
+        prompt, its reply, a --message-len excerpt and a new question; a document's sessions
+        take their --turns turns round-robin. A global room of half the working set, the SWA
+        room of --swa-full-tokens-ratio 0.02. Hit rate = cached prompt tokens / prompt tokens
+        over every ask but each document's first.
 --peer runs ttft and hits again with prefix replay off (SGLANG_DSV41_PREFIX_REPLAY=off: SWA
-bounds a match, as in stock SGLang). Writes prefix_cache.json and prefix_cache.md into --out.
+bounds a match, as in stock SGLang). --server-flags are added to every server (the GPU machine's,
+scripts/gpu_e2e/prefix_cache_on_device.sh). Writes prefix_cache.json and prefix_cache.md into
+--out.
 """
 
 from __future__ import annotations
@@ -75,6 +80,28 @@ class Server:
 
     def replays(self) -> int:
         return self.log().count(REPLAY_LINE)
+
+    def first_token(self, ids: list, new: int = 8) -> tuple:
+        """-> (seconds to the first streamed token, meta_info, output ids) of a greedy streamed
+        /generate: TTFT and the reply from one request."""
+        body = {
+            "input_ids": ids,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": new, "temperature": 0},
+        }
+        req = urllib.request.Request(
+            self.url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        t, first, last = time.perf_counter(), None, None
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            for line in r:
+                line = line.decode().strip()
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                last = json.loads(line[5:])
+                if first is None:
+                    first = time.perf_counter() - t
+        return first, last["meta_info"], last["output_ids"]
 
     def generate(self, ids: list, new: int = 1) -> tuple:
         """-> (seconds, meta_info, output ids) of a greedy /generate."""
@@ -134,10 +161,6 @@ class Documents:
         return self.encode("\n".join(doc.lines) + "\n" + question_line(name) + "\n"), code
 
 
-def answered(docs: Documents, server: Server, ids: list, code: str) -> bool:
-    return code in docs.decode(server.generate(ids, 8)[2])
-
-
 def ttft_part(server: Server, docs: Documents, lengths: list, push: int) -> list:
     rows = []
     for n in lengths:
@@ -154,50 +177,62 @@ def ttft_part(server: Server, docs: Documents, lengths: list, push: int) -> list
                     server.generate(docs.prompt(other, 0)[0])
             ids, code = docs.prompt(doc, fact)
             seen = server.replays()
-            seconds, meta, _ = server.generate(ids)
+            seconds, meta, out = server.first_token(ids)
             cells[kind] = {
                 "seconds": round(seconds, 3),
                 "prompt_tokens": meta["prompt_tokens"],
                 "cached_tokens": meta["cached_tokens"],
                 "replayed": server.replays() > seen,
-                "answer_ok": answered(docs, server, ids, code),
+                "answer_ok": code in docs.decode(out),
             }
             print(f"[ttft] {n} {kind}: {cells[kind]}", file=sys.stderr, flush=True)
         rows.append({"length": n, **cells})
     return rows
 
 
-def hits_part(server: Server, docs: Documents, sessions: int, wave: int, turns: int, n: int):
+def hits_part(server: Server, docs: Documents, args) -> dict:
+    """Groups of --sessions-per-doc sessions share one document of --session-len tokens; a turn
+    adds a --message-len excerpt of other text and a question; each group's sessions take their
+    --turns turns round-robin, one group after the other. Every ask but a document's first
+    counts."""
     from sglang_dsv41.training.task import question_line
 
-    prompt_total = cached_total = 0
+    prompt_total = cached_total = replayed = 0
     first_seconds, later_seconds = [], []
-    for w in range(0, sessions, wave):
-        group = [docs.make(f"session:{s}", n) for s in range(w, min(w + wave, sessions))]
-        history = [docs.encode("\n".join(d.lines) + "\n") for d in group]
-        for t in range(turns):
-            for s, d in enumerate(group):
-                name, _ = d.facts[t % len(d.facts)]
-                ids = history[s] + docs.encode(question_line(name) + "\n")
+    for g in range(args.docs):
+        doc = docs.make(f"shared:{g}", args.session_len)
+        head = docs.encode("\n".join(doc.lines) + "\n")
+        history = [list(head) for _ in range(args.sessions_per_doc)]
+        for t in range(args.turns):
+            for s in range(args.sessions_per_doc):
+                name, _ = doc.facts[(s + t) % len(doc.facts)]
+                note = docs.make(f"note:{g}:{s}:{t}", args.message_len) if t else None
+                text = ("\n".join(note.lines) + "\n") if note else ""
+                ids = history[s] + docs.encode(text + question_line(name) + "\n")
+                seen = server.replays()
                 seconds, meta, out = server.generate(ids, 8)
                 history[s] = ids + out
-                if t:
-                    prompt_total += meta["prompt_tokens"]
-                    cached_total += meta["cached_tokens"]
-                    later_seconds.append(seconds)
-                else:
+                if t == 0 and s == 0:
                     first_seconds.append(seconds)
-        print(f"[hits] wave {w // wave}: {cached_total} / {prompt_total}", file=sys.stderr)
+                    continue
+                prompt_total += meta["prompt_tokens"]
+                cached_total += meta["cached_tokens"]
+                replayed += server.replays() > seen
+                later_seconds.append(seconds)
+        print(f"[hits] document {g}: {cached_total} / {prompt_total}", file=sys.stderr)
     return {
-        "sessions": sessions,
-        "wave": wave,
-        "turns": turns,
-        "session_len": n,
+        "docs": args.docs,
+        "sessions_per_doc": args.sessions_per_doc,
+        "turns": args.turns,
+        "session_len": args.session_len,
+        "message_len": args.message_len,
+        "asks": len(later_seconds),
+        "replayed_asks": replayed,
         "hit_rate": cached_total / prompt_total if prompt_total else None,
         "cached_tokens": cached_total,
         "prompt_tokens": prompt_total,
-        "first_turn_seconds_mean": sum(first_seconds) / len(first_seconds),
-        "later_turn_seconds_mean": sum(later_seconds) / len(later_seconds),
+        "first_ask_seconds_mean": sum(first_seconds) / len(first_seconds),
+        "later_ask_seconds_mean": sum(later_seconds) / len(later_seconds),
     }
 
 
@@ -218,8 +253,9 @@ def rooms(log: str) -> str:
 
 def run(args, out: Path, env: dict, tag: str) -> dict:
     docs, res = Documents(args.model_path), {}
+    extra = args.server_flags.split()
     if "ttft" in args.parts:
-        flags = ["--swa-full-tokens-ratio", "0.02", "--chunked-prefill-size", "4096"]
+        flags = ["--swa-full-tokens-ratio", "0.02", "--chunked-prefill-size", "4096", *extra]
         s = Server(args.model_path, flags, out / f"ttft_{tag}.log", env)
         try:
             res["ttft"] = ttft_part(s, docs, args.lengths, args.push)
@@ -227,13 +263,13 @@ def run(args, out: Path, env: dict, tag: str) -> dict:
         finally:
             s.stop()
     if "hits" in args.parts:
-        working = args.sessions * (args.session_len + args.turns * 40)
-        room = max(working // 2 // 2 * 2, 4 * args.session_len)
-        flags = ["--max-total-tokens", str(room), "--swa-full-tokens-ratio", "0.05"]
-        flags += ["--chunked-prefill-size", "1024"]
+        per_doc = args.session_len + args.sessions_per_doc * args.turns * (args.message_len + 20)
+        working = args.docs * per_doc
+        room = max(working // 2 // 2 * 2, per_doc // 2 * 2 + 4096)
+        flags = ["--max-total-tokens", str(room), "--swa-full-tokens-ratio", "0.02", *extra]
         s = Server(args.model_path, flags, out / f"hits_{tag}.log", env)
         try:
-            res["hits"] = hits_part(s, docs, args.sessions, args.wave, args.turns, args.session_len)
+            res["hits"] = hits_part(s, docs, args)
             res["hits"]["global_room"], res["hits"]["working_set"] = room, working
             res["hits_rooms"] = rooms(s.log())
         finally:
@@ -271,8 +307,10 @@ def markdown(rep: dict) -> str:
             h = part["hits"]
             lines.append(
                 f"- prefix replay {tag}, hits: {h['hit_rate']:.3f} ({h['cached_tokens']} / "
-                f"{h['prompt_tokens']}), turn 1 {h['first_turn_seconds_mean']:.2f} s, later "
-                f"{h['later_turn_seconds_mean']:.2f} s"
+                f"{h['prompt_tokens']}, {h['replayed_asks']} of {h['asks']} asks replayed), a "
+                f"document's first ask {h['first_ask_seconds_mean']:.2f} s, the others "
+                f"{h['later_ask_seconds_mean']:.2f} s (global room {h['global_room']} of a "
+                f"{h['working_set']}-token working set)"
             )
     return "\n".join(lines) + "\n"
 
@@ -282,12 +320,14 @@ def main(argv=None) -> int:
     p.add_argument("--model-path", default=str(MODEL))
     p.add_argument("--lengths", default="1024,4096,16384")
     p.add_argument("--parts", default="bytes,ttft,hits")
-    p.add_argument("--push", type=int, default=3, help="4K documents between the two asks")
-    p.add_argument("--sessions", type=int, default=12)
-    p.add_argument("--wave", type=int, default=4)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--session-len", type=int, default=2048)
+    p.add_argument("--push", type=int, default=6, help="4K documents between the two asks")
+    p.add_argument("--docs", type=int, default=2)
+    p.add_argument("--sessions-per-doc", type=int, default=6)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--session-len", type=int, default=4096)
+    p.add_argument("--message-len", type=int, default=1024)
     p.add_argument("--peer", action="store_true", help="also run with prefix replay off")
+    p.add_argument("--server-flags", default="", help="added to every server's flags")
     p.add_argument("--out", default="prefix_cache_out")
     p.add_argument("--label", default="")
     args = p.parse_args(argv)
