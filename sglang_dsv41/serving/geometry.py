@@ -181,16 +181,22 @@ class PoolGeometry:
     def sized(
         self,
         budget: int,
-        swa_ratio: float,
+        swa_ratio: float | None,
         min_swa: int,
         page_size: int,
         max_requests: int,
         context_len: int,
         max_full: int | None = None,
     ) -> tuple[int, int]:
-        """(full slots, SWA slots) of a pool whose SWA room is `swa_ratio` x its full room
-        (SGLang's --swa-full-tokens-ratio, never below `min_swa`) and whose buffers fit in
-        `budget`; max_full caps the full room (--max-total-tokens, the CPU cap)."""
+        """(full slots, SWA slots) of a pool whose buffers fit in `budget`. swa_ratio: the SWA
+        room is swa_ratio x the full room (SGLang's --swa-full-tokens-ratio), never below
+        min_swa; None: the SWA room is min_swa (what the running requests need). max_full caps
+        the full room (--max-total-tokens, the CPU cap)."""
+        if swa_ratio is None:
+            full = self.full_slots_for(budget, min_swa, page_size, max_requests, context_len)
+            if max_full is not None:
+                full = min(full, max_full // page_size * page_size)
+            return full, min_swa
         per_token = self.global_bytes_per_token() + MAPPING_BYTES
         per_token += swa_ratio * self.swa_bytes_per_slot()
         fixed = self.total_bytes(0, 0, page_size, max_requests, context_len)
@@ -198,24 +204,25 @@ class PoolGeometry:
         if max_full is not None:
             full = min(full, max_full)
         full = full // page_size * page_size
-        while (
-            full
-            and self.total_bytes(
-                full,
-                self.swa_room(full, swa_ratio, min_swa, page_size),
-                page_size,
-                max_requests,
-                context_len,
-            )
-            > budget
-        ):
+
+        def total(n: int) -> int:
+            swa = self.swa_room(n, swa_ratio, min_swa, page_size)
+            return self.total_bytes(n, swa, page_size, max_requests, context_len)
+
+        while full and total(full) > budget:
             full -= page_size
+        while (max_full is None or full + page_size <= max_full) and total(
+            full + page_size
+        ) <= budget:  # the estimate's rounding
+            full += page_size
         return full, self.swa_room(full, swa_ratio, min_swa, page_size)
 
     @staticmethod
-    def swa_room(full: int, swa_ratio: float, min_swa: int, page_size: int) -> int:
+    def swa_room(full: int, swa_ratio: float | None, min_swa: int, page_size: int) -> int:
         """SWA slots for `full` full slots: swa_ratio x full (a multiple of the page), at least
-        min_swa (what one running request and the prefill chunks in flight need)."""
+        min_swa; min_swa itself without a ratio."""
+        if swa_ratio is None:
+            return min_swa
         return max(int(full * swa_ratio) // page_size * page_size, min_swa)
 
     def total_bytes(self, full, swa, page_size, max_requests, context_len) -> int:

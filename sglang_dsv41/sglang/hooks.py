@@ -122,6 +122,8 @@ def prefill_resume(req, prefix: int, pool):
     if not pool.prefix_replay:
         return 0, None, prefix
     hit = hit_of(req)
+    if 0 < prefix < hit.resume:  # SGLang kept less of the hit than planned: resume there
+        hit.resume = prefix
     if not hit.prefilled:
         hit.prefilled, hit.kept = True, hit.resume
     if not hit.resume or prefix != hit.resume:

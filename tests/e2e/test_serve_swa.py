@@ -2,11 +2,10 @@
 slots, prefix hits are exact whether the cached window survived or was evicted, and many short
 requests leave no SWA slot behind.
 
-One server with replay off (every layer's SWA in the pool, prefix replay off with it: every
-hit exact), a small SWA room (`--swa-full-tokens-ratio` of an 8192-token global room: about two
-running requests' windows and the prefill chunks in flight), eviction every 8 tokens (SGLang's
-default amortizes over 128) and Prometheus metrics, whose `sglang:swa_used_tokens` gauge counts
-the SWA slots live requests hold.
+One server with replay off (every layer's SWA in the pool), a small SWA pool (two running
+requests: the pool holds their windows and the prefill chunks in flight), eviction every 8 tokens
+(SGLang's default amortizes over 128) and Prometheus metrics, whose `sglang:swa_used_tokens`
+gauge counts the SWA slots live requests hold.
 """
 
 from __future__ import annotations
@@ -32,10 +31,6 @@ SERVER = (
         "2",
         "--chunked-prefill-size",
         str(CHUNK),
-        "--max-total-tokens",
-        "8192",
-        "--swa-full-tokens-ratio",
-        "0.025",
     ),
     {"SGLANG_SWA_EVICTION_INTERVAL": str(INTERVAL)},
 )
