@@ -11,11 +11,11 @@ bytes   cached prefix tokens per GiB of cache from the byte calculator
         trailing SWA window, since there a match stops where that window is gone. For the
         served model and V4.1-Flash, at every --lengths.
 ttft    per length: a miss (a new document and question), a full hit (the same prompt again at
-        once) and an SWA-evicted hit (the document with another question, after other
-        documents pushed its SWA out of the SWA room). Client-side time to the first streamed
-        token of a greedy /generate (8 tokens: the reply is checked for the fact's code), on a
-        server with a small SWA room (`--swa-full-tokens-ratio 0.02`) and a global room that
-        holds every document.
+        once) and an SWA-evicted hit (the document with another question, after --push other
+        documents prefilled together pushed its SWA out of the SWA room). Client-side time to
+        the first streamed token of a greedy /generate (8 tokens: the reply is checked for the
+        fact's code), on a server with a small SWA room (`--swa-full-tokens-ratio 0.02`) and a
+        global room that holds every document.
 hits    multi-turn sessions sharing long prefixes: --docs documents of --session-len tokens,
         each shared by --sessions-per-doc sessions; a turn's prompt is the session's previous
         prompt, its reply, a --message-len excerpt and a new question; a document's sessions
@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPLAY_LINE = "dsv41 prefix replay: a hit of"
@@ -171,10 +172,12 @@ def ttft_part(server: Server, docs: Documents, lengths: list, push: int) -> list
             ("full hit", 0, None),
             ("swa-evicted hit", 1, push),
         ):
-            if before:
-                for k in range(before):  # other documents push this one's SWA out
-                    other = docs.make(f"push:{n}:{k}", 4096)
-                    server.generate(docs.prompt(other, 0)[0])
+            if before:  # other documents, prefilled together, push this one's SWA out
+                others = [
+                    docs.prompt(docs.make(f"push:{n}:{k}", 4096), 0)[0] for k in range(before)
+                ]
+                with ThreadPoolExecutor(before) as ex:
+                    list(ex.map(server.generate, others))
             ids, code = docs.prompt(doc, fact)
             seen = server.replays()
             seconds, meta, out = server.first_token(ids)
@@ -320,7 +323,7 @@ def main(argv=None) -> int:
     p.add_argument("--model-path", default=str(MODEL))
     p.add_argument("--lengths", default="1024,4096,16384")
     p.add_argument("--parts", default="bytes,ttft,hits")
-    p.add_argument("--push", type=int, default=6, help="4K documents between the two asks")
+    p.add_argument("--push", type=int, default=4, help="4K documents between the two asks")
     p.add_argument("--docs", type=int, default=2)
     p.add_argument("--sessions-per-doc", type=int, default=6)
     p.add_argument("--turns", type=int, default=3)
