@@ -31,9 +31,16 @@ if sys.modules.get("sglang", 0) is None:  # the imports above ran without SGLang
 NEW = 6
 
 
-@pytest.fixture(scope="module")
-def model():
-    return toy_model()
+@pytest.fixture(scope="module", params=["tiny", "retrieval"])
+def model(request):
+    """The tiny preset (random weights, window 16) and the shipped retrieval model (trained,
+    window 32)."""
+    if request.param == "tiny":
+        return toy_model()
+    from sglang_dsv41.reference import load_reference
+    from sglang_dsv41.tools.serve import RETRIEVAL_DIR
+
+    return load_reference(RETRIEVAL_DIR)
 
 
 def greedy(eng, slot, first_logits, n):
@@ -86,9 +93,11 @@ def test_evicted_hit_equals_oracle_with_the_same_resume(model, replay):
 @torch.no_grad()
 def test_resident_hit_is_the_plain_oracle(model):
     base = prompts([90], seed=4)[0]
-    a, b = base + [5, 6], base[:80] + list(range(9, 29))  # floor 84 >= the hit
+    a, b = base + [5, 6], base[:80] + list(range(9, 49))  # the decoder floor >= the hit
     eng = cached_prefix(model, a, True)
-    assert window_resident(eng.mapping[eng.req_to_token[1, :80].long()] > 0, 80, 16)
+    W = model.cfg.sliding_window
+    assert len(b) - W >= 80
+    assert window_resident(eng.mapping[eng.req_to_token[1, :80].long()] > 0, 80, W)
     got = resumed(model, eng, b, 80, True, evict=False)
     assert got == model.generate(b, NEW, replay=True)
 
@@ -112,7 +121,7 @@ def test_hit_ending_mid_window(model, replay):
 def test_short_prefix_replays_from_zero_exactly(model):
     """M <= W: the replay segment is the whole prefix, floored at 0: the exact forward."""
     base = prompts([40], seed=8)[0]
-    b = base[:14] + [21, 22, 23, 24, 25]
+    b = base[:14] + [21, 22, 23, 24, 25]  # 14 <= every model's window
     eng = cached_prefix(model, base, False)
     got = resumed(model, eng, b, 14, False)
     assert got == model.generate(b, NEW, replay=False)
@@ -220,9 +229,10 @@ def test_a_prefix_computed_after_a_resume_carries_it(model):
     resumed(model, eng, b, M1, True)
     c = base[:M2] + list(range(60, 90))
     eng.share_prefix(2, 3, M2)
-    logits = eng.step([(3, c[M2:])], [len(c) - 16])
+    W = model.cfg.sliding_window
+    logits = eng.step([(3, c[M2:])], [len(c) - W])
     assert greedy(eng, 3, logits, NEW) == model.generate(c, NEW, resumes=(M1,))
     eng.share_prefix(2, 4, M2)
     eng.evict_swa(2, M2)
-    logits = eng.step([(4, c[M2:])], [len(c) - 16], [M2])
+    logits = eng.step([(4, c[M2:])], [len(c) - W], [M2])
     assert greedy(eng, 4, logits, NEW) == model.generate(c, NEW, resumes=(M1, M2))
