@@ -48,6 +48,7 @@ def main(argv=None) -> int:
         conf.context_len, conf.user_requests, conf.user_tokens = a.context_len, None, None
         conf.chunk, conf.chunks_in_flight, conf.interval = a.chunk, 2, 128
         conf.cap, conf.budget, conf.page = None, budget, a.page
+        conf.swa_ratio = None  # --swa-full-tokens-ratio unset: the SWA room from the requests
         sizes = conf._config(budget, a.page, a.requests)
         full, swa = sizes.full_max_total_num_tokens, sizes.swa_max_total_num_tokens
         pool = DSV41KVPool(

@@ -2,7 +2,9 @@
 
 `SharedState` carries what source layers hand to later layers within one forward (the seeds'
 SharedAttentionRuntime): per kv source its main KV and index K, per index source its top-k, and
-the candidate pool of the candidate source.
+the candidate pool of the candidate source. A forward may be one pass of a prefix resume
+(docs/design.md 2.8): its rows start at `start`, and the entries below `kept_below` are those of
+the `prior` pass (the prefix cache's records), not recomputed.
 """
 
 from dataclasses import dataclass, field
@@ -28,12 +30,17 @@ from sglang_dsv41.layers.window import swa_window
 class SharedState:
     """main_kv / index_k: kv source -> fp32 [n, D] / [n, DI] record values; topk: index source
     -> int64 [T, TOPK], -1 padded; pool_mask: bool [T, n], the candidate pool of the decoder
-    rows (None before the candidate source ran)."""
+    rows (None before the candidate source ran). start: position of the pass's first row (the
+    Full layers' x_all starts there); prior / kept_below: the main KV and index K of entries at
+    positions < kept_below are the prior pass's (None: the pass starts at 0)."""
 
     main_kv: dict[int, torch.Tensor] = field(default_factory=dict)
     index_k: dict[int, torch.Tensor] = field(default_factory=dict)
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
     pool_mask: torch.Tensor | None = None
+    start: int = 0
+    prior: "SharedState | None" = None
+    kept_below: int = 0
 
 
 def swa_slots(pos: torch.Tensor, window: int, floor: int):
@@ -48,13 +55,26 @@ def swa_slots(pos: torch.Tensor, window: int, floor: int):
 def compress_full_layer(attn: Attention, x_all: torch.Tensor, state: SharedState) -> None:
     """A Full layer writes its main KV and index K from its attention input over all tokens.
 
-    x_all [L, hidden] from position 0. Entries j < L // r at positions j r.
+    x_all [L - start, hidden] from position state.start. Entries j < L // r at positions j r;
+    those below state.kept_below are the prior pass's (a prefix resume keeps the cached ones).
     """
-    cfg, r = attn.cfg, attn.ratio
-    latent = attn.compressor.latents(x_all)  # [n, D]
-    entry_pos = torch.arange(latent.shape[0]) * r
-    state.main_kv[attn.layer_id] = quant_main_kv(cfg, attn.main_kv(latent, entry_pos))
-    state.index_k[attn.layer_id] = attn.indexer.keys(latent, entry_pos, attn.inv_freq)
+    cfg, r, i = attn.cfg, attn.ratio, attn.layer_id
+    skip = (-state.start) % r  # an entry's tokens start at a multiple of r
+    first = (state.start + skip) // r
+    latent = attn.compressor.latents(x_all[skip:])  # [n, D]
+    entry_pos = (torch.arange(latent.shape[0]) + first) * r
+    main = quant_main_kv(cfg, attn.main_kv(latent, entry_pos))
+    keys = attn.indexer.keys(latent, entry_pos, attn.inv_freq)
+    if state.prior is None:
+        if first:
+            raise ValueError(f"a pass from position {state.start} needs the prior entries")
+    else:
+        keep = state.kept_below // r
+        if state.kept_below % r or keep < first:
+            raise ValueError(f"kept_below {state.kept_below}: a multiple of {r}, >= the start")
+        main = torch.cat([state.prior.main_kv[i][:keep], main[keep - first :]])
+        keys = torch.cat([state.prior.index_k[i][:keep], keys[keep - first :]])
+    state.main_kv[i], state.index_k[i] = main, keys
 
 
 def select_topk(

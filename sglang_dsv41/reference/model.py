@@ -4,7 +4,10 @@ forward(input_ids, replay_floor=F) computes logits exactly as docs/design.md 2.2
 F = 0 is the full forward. F > 0 is decoder SWA bounded replay: encoder layers run on all L
 tokens, the decoder's Full layer compresses (and projects index K from) its attention input over
 all L tokens, and the decoder's attention and FFN run only on positions >= F, with SWA spans
-floored at F. Logits exist for rows >= F (earlier rows are NaN).
+floored at F. Logits exist for rows >= F (earlier rows are NaN). forward(..., resumes=(M,))
+states a prompt served from a prefix cache hit of M tokens whose SWA had been evicted
+(docs/design.md 2.8): a second pass from replay_floor(M) with every layer's SWA floored there,
+over the global KV the first pass left below M.
 
 The residual is `layers.residual.build_residual(cfg)`: plain pre-norm (hc_mult = 1) or the mHC
 streams (hc_mult > 1). Engram layers rewrite the residual before their attention mixing, with
@@ -69,32 +72,54 @@ class ReferenceModel(nn.Module):
         replay_floor: int = 0,
         capture: dict | None = None,
         shared: SharedState | None = None,
+        resumes: tuple = (),
     ) -> torch.Tensor:
-        """input_ids int64 [L] -> logits fp32 [L, vocab] (rows < replay_floor are NaN; fp64 for a
-        float64 model).
+        """input_ids int64 [L] -> logits fp32 [L, vocab] (rows below the last pass's decoder
+        floor are NaN; fp64 for a float64 model).
 
+        resumes: increasing positions M (multiples of every compress ratio, 0 < M < L) where
+        the computation resumed from a prefix cache hit whose SWA was gone (docs/design.md 2.8):
+        the tokens before M keep the global KV of the earlier passes; tokens from
+        replay_floor(M) on are recomputed with every layer's SWA floored there. () is one pass.
         capture: if a dict, receives layer index -> (positions [T], residual state after it).
-        shared: if given, the SharedState the layers fill (main KV, index K, top-k, candidate
-        pool), left for the caller to inspect (tools.recall_report).
+        shared: if given, the SharedState the last pass fills (main KV, index K, top-k,
+        candidate pool), left for the caller to inspect (tools.recall_report).
         """
         cfg, L = self.cfg, input_ids.shape[0]
         F = int(replay_floor)
         if F and (err := cfg.replay_error()):
             raise err
-        pos_all = torch.arange(L)
-        state = self.residual.init(self.embed(input_ids))
-        hash_rows = self._engram_rows(input_ids, pos_all)  # [L, n_engram_layers, cols] or None
-        shared = SharedState() if shared is None else shared
-        pos, floor = pos_all, 0
+        points = resume_points(cfg, resumes, L)
+        prior = None
+        for M, end in zip(points, points[1:] + [L], strict=True):
+            last = end == L
+            E = cfg.replay_floor(M) if M else 0
+            state = shared if last and shared is not None else SharedState()
+            state.start, state.prior, state.kept_below = E, prior, M
+            logits = self._pass(
+                input_ids[:end], E, max(F, E) if last else E, state, capture if last else None
+            )
+            prior = state
+        return logits
+
+    def _pass(self, input_ids, start: int, dec_floor: int, shared: SharedState, capture):
+        """One pass over the rows at positions [start, L): every layer's SWA floored at start,
+        the decoder's rows and SWA at dec_floor (>= start; bounded replay). -> logits [L, V],
+        NaN below dec_floor."""
+        cfg, L = self.cfg, input_ids.shape[0]
+        pos_all = torch.arange(start, L)
+        state = self.residual.init(self.embed(input_ids[start:]))
+        hash_rows = self._engram_rows(input_ids, torch.arange(L))  # [L, n_layers, cols] | None
+        pos, floor = pos_all, start
         for i, block in enumerate(self.layers):
             if block.engram is not None:
                 rows = hash_rows[pos, block.engram.hash_index]
                 state = self.residual.inject(state, lambda H, e=block.engram, r=rows: e(H, r))
             x_all = None
-            if i == cfg.decoder_start and F > 0:
+            if i == cfg.decoder_start and dec_floor > start:
                 x_all = self.residual.attn_input(state, block)  # the decoder's Full layer input
-                state = self.residual.select(state, pos_all[F:])
-                pos, floor = pos_all[F:], F
+                state = self.residual.select(state, torch.arange(dec_floor - start, L - start))
+                pos, floor = pos_all[dec_floor - start :], dec_floor
             x = self.residual.attn_input(state, block)
             y = attention_layer(block.attn, x, pos, floor, shared, x_all=x_all)
             state = self.residual.attn_done(state, block, y)
@@ -105,9 +130,9 @@ class ReferenceModel(nn.Module):
                 capture[i] = (pos, state)
         h = self.norm(self.residual.final(state))
         logits = upcast(self.head(h))
-        if F > 0:
+        if pos[0] > 0:
             full = torch.full((L, logits.shape[1]), float("nan"), dtype=logits.dtype)
-            full[F:] = logits
+            full[pos] = logits
             logits = full
         return logits
 
@@ -125,22 +150,40 @@ class ReferenceModel(nn.Module):
         return self.cfg.replay_floor(prompt_len) if replay else 0
 
     @torch.no_grad()
-    def generate(self, prompt_ids, max_new_tokens: int, replay: bool = True, stop_ids=()) -> list:
+    def generate(
+        self, prompt_ids, max_new_tokens: int, replay: bool = True, stop_ids=(), resumes=()
+    ) -> list:
         """Greedy continuation by full recomputation. The replay floor is fixed at prefill
-        (max(0, len(prompt) - window)), as serving replays once and then decodes."""
+        (max(0, len(prompt) - window)), as serving replays once and then decodes; resumes as in
+        `forward` (a prompt served from prefix cache hits whose SWA was gone)."""
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("prompt_ids is empty")
         F = self.replay_floor_for(len(ids), replay)
         out = []
         for _ in range(max_new_tokens):
-            logits = self.forward(torch.tensor(ids, dtype=torch.int64), replay_floor=F)
+            ids_t = torch.tensor(ids, dtype=torch.int64)
+            logits = self.forward(ids_t, replay_floor=F, resumes=resumes)
             nxt = int(torch.argmax(logits[-1]))
             out.append(nxt)
             ids.append(nxt)
             if nxt in stop_ids:
                 break
         return out
+
+
+def resume_points(cfg: DeepseekV41Config, resumes, length: int) -> list:
+    """[0, M1, M2, ...]: the passes' starting points, checked (increasing, inside the sequence,
+    on an entry boundary of every kv source)."""
+    points = [0] + [int(m) for m in resumes]
+    step = max((cfg.ratio(s) for s in cfg.kv_source_layer_ids), default=1)
+    for a, b in zip(points, points[1:], strict=False):
+        if not a < b < length or b % step:
+            raise ValueError(
+                f"resumes {list(resumes)}: increasing positions in (0, {length}), multiples "
+                f"of {step}"
+            )
+    return points
 
 
 def load_reference(path: str | os.PathLike, dtype=torch.float32) -> ReferenceModel:

@@ -9,9 +9,17 @@
     pending[src]   fp32 [R + 1, K, 2, D]   ratio-2 sources: (c, z) of a request's even-position
                                            tokens, entry e at e % K (`dtype`: float64 for the
                                            twin check)
-    floor          int64 [R + 1]           decoder replay floor of the request in each slot
+    floor          int64 [R + 1]           decoder SWA floor of the request in each slot
+                                           (bounded replay; at least swa_floor)
+    resume         int64 [R + 1]           prefix resume: the cached prefix length M whose SWA
+                                           the request replays (0 = none; docs/design.md 2.8)
+    swa_floor      int64 [R + 1]           SWA floor of the pool layers: replay_floor(M), or 0
     engram_tail    int64 [R + 1, n - 1]    Engram: the n - 1 token ids before the request's next
                                            position (Engram models only)
+With prefix replay on, every swa[layer] carries (R + 1) W rows more after its S_swa + P: request
+slot r's replay window, position p of its replay segment [replay_floor(M), M) at row
+S_swa + P + r W + p % W (`replay_row`); the segment's SWA records (approximate, rebuilt by the
+replay) stay private to the request and never reach a slot the radix cache shares.
 S = full (token) slots, S_swa = SWA slots, P = page size, R = request slots (row 0 = padding),
 Wr = W + verify_width - 1 and K = verify_width // 2 + 1 (PoolGeometry; W and 1 without
 speculative decoding).
@@ -59,8 +67,9 @@ class RecordBuffers:
         device="cpu",
         dtype: torch.dtype = torch.float32,
         verify_width: int = 1,
+        prefix_replay: bool = False,
     ):
-        g = PoolGeometry(cfg, replay, verify_width)
+        g = PoolGeometry(cfg, replay, verify_width, prefix_replay)
         if page_size % 2 and any(cfg.ratio(s) == 2 for s in g.kv_sources):
             raise ValueError(
                 f"dsv41 pool: page_size {page_size} must be even (ratio-2 entries pair the two "
@@ -71,8 +80,10 @@ class RecordBuffers:
         self.max_requests = max_requests
         z = dict(dtype=torch.uint8, device=device)
         swa_layers, R = set(g.swa_layers), max_requests + 1
+        self.replay_base = swa_slots + page_size  # first replay-window row of swa[layer]
+        rows = self.replay_base + (R * cfg.sliding_window if prefix_replay else 0)
         self.swa = [
-            torch.zeros(swa_slots + page_size, g.swa_record, **z) if i in swa_layers else None
+            torch.zeros(rows, g.swa_record, **z) if i in swa_layers else None
             for i in range(cfg.num_hidden_layers)
         ]
         self.ring = {i: torch.zeros(R, g.ring_width, g.swa_record, **z) for i in g.ring_layers}
@@ -85,6 +96,9 @@ class RecordBuffers:
                 shape = (R, g.pending_slots, 2, cfg.head_dim)
                 self.pending[s] = torch.zeros(shape, dtype=dtype, device=device)
         self.floor = torch.zeros(R, dtype=torch.int64, device=device)
+        self.resume = torch.zeros(R, dtype=torch.int64, device=device)
+        self.swa_floor = torch.zeros(R, dtype=torch.int64, device=device)
+        self.prefix_replay = prefix_replay
         self.engram_tail = torch.full(
             (R, g.engram_tail_len()), -1, dtype=torch.int64, device=device
         )
@@ -111,27 +125,53 @@ class RecordBuffers:
         """Buffer rows of the entries whose first token sits at full `slots` (int64 [...])."""
         return slots // self.cfg.ratio(layer)
 
-    def start_request(self, slot: int, floor: int, tail: list) -> None:
-        """A request (re)starts prefilling in request slot `slot`: its replay floor and, for
-        Engram, the n - 1 token ids before its first new position (-1 before position 0).
+    def replay_row(self, req_slot: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """int64 rows of swa[layer] holding request slot `req_slot`'s SWA record of position
+        `pos` in its replay window (broadcasting int tensors)."""
+        W = self.cfg.sliding_window
+        return self.replay_base + req_slot.long() * W + pos.long() % W
+
+    def start_request(
+        self, slot: int, floor: int, tail: list, resume: int = 0, fold: list | None = None
+    ) -> None:
+        """A request (re)starts prefilling in request slot `slot`: its decoder replay floor,
+        for Engram the n - 1 token ids before its first row (-1 before position 0), and its
+        prefix resume M (0 = none); fold: the ids of the replay segment [replay_floor(M), M)
+        when this forward replays it (its first prefill), else None.
 
         Queued, and written by `apply_starts` when the next batch's metadata is built: SGLang's
         scheduler calls this from its own thread while forwards run on another CUDA stream, so a
         write from here would race the forward that reads the slot."""
-        self._starts.append((slot, floor, list(tail)))
+        if resume and not self.prefix_replay:
+            raise ValueError("dsv41 pool: a prefix resume needs the pool's replay windows")
+        self._starts.append((slot, floor, list(tail), int(resume), fold))
 
-    def apply_starts(self) -> None:
-        """Write the queued request starts (in the stream of the forward about to run)."""
+    def apply_starts(self) -> dict:
+        """Write the queued request starts (in the stream of the forward about to run).
+        Returns {request slot: replay segment ids} of the requests whose replay this forward
+        runs (serving.prefix_replay.fold_batch)."""
+        folds = {}
         while self._starts:
-            slot, floor, tail = self._starts.popleft()
-            self.floor[slot] = floor
+            slot, floor, tail, resume, fold = self._starts.popleft()
+            swa_floor = self.cfg.replay_floor(resume) if resume else 0
+            self.floor[slot] = max(floor, swa_floor)
+            self.resume[slot] = resume
+            self.swa_floor[slot] = swa_floor
             if self.engram_tail.shape[1]:
                 self.engram_tail[slot] = torch.tensor(tail, dtype=torch.int64)
+            if fold is not None:
+                if len(fold) != resume - swa_floor:
+                    raise ValueError(
+                        f"dsv41 pool: replay of {len(fold)} ids, not [{swa_floor}, {resume})"
+                    )
+                folds[slot] = list(fold)
+        return folds
 
     def tensors(self) -> list:
         bufs = [b for b in self.swa if b is not None] + list(self.ring.values())
         bufs += list(self.main.values()) + list(self.index_k.values())
-        return bufs + list(self.pending.values()) + [self.floor, self.engram_tail]
+        bufs += list(self.pending.values()) + [self.floor, self.engram_tail]
+        return bufs + [self.resume, self.swa_floor]
 
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.tensors())

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from sglang_dsv41.kernels.args import DecodedRecords
     from sglang_dsv41.layers.protocols import Attention
     from sglang_dsv41.serving.buffers import RecordBuffers
+    from sglang_dsv41.serving.prefix_replay import Fold
 
 
 @dataclass
@@ -69,7 +70,9 @@ class Rows:
 @dataclass
 class PoolWindow:
     """Where SWA-pool layers read and write in one forward: slots int32 [T, W], each row's
-    window as SWA slots (-1 outside); dst int64 [T], the rows' own SWA slots."""
+    window as SWA slots (-1 outside); dst int64 [T], the rows' own SWA slots. Positions below a
+    resumed request's resume point are rows of its replay window (RecordBuffers.replay_row):
+    the replay segment's SWA, which no other request reads."""
 
     slots: torch.Tensor
     dst: torch.Tensor
@@ -80,8 +83,15 @@ class PoolWindow:
     ) -> PoolWindow:
         rp = ctx.req_pool[rows.req]  # [T]
         full = swa_window_slots(ctx.req_to_token, rp, rows.pos, W, floor)  # [T, W]
-        slots = pool.swa_slot_of(full).to(torch.int32)
-        return cls(slots, pool.swa_slot_of(ctx.out_loc[rows.ids]))
+        slots = pool.swa_slot_of(full)
+        dst = pool.swa_slot_of(ctx.out_loc[rows.ids])
+        if ctx.resume is not None:
+            resume = ctx.resume[rows.req]  # [T]
+            kpos, _ = swa_window(rows.pos, W)  # [T, W], the positions of `full`
+            replayed = (kpos < resume[:, None]) & (full >= 0)
+            slots = torch.where(replayed, pool.replay_row(rp[:, None], kpos), slots)
+            dst = torch.where(rows.pos < resume, pool.replay_row(rp, rows.pos), dst)
+        return cls(slots.to(torch.int32), dst)
 
 
 @dataclass
@@ -195,7 +205,11 @@ class BatchContext:
     batch rows; replaying: some row lies below its request's floor (host flag, set for extend
     batches; decode rows never do); max_slots: `slots_bound` of the batch (host int, set for
     extend batches), the bound that sizes a prefill's attention workspace without a host sync
-    (kernels.args.SparseKV.max_slots).
+    (kernels.args.SparseKV.max_slots); resume int64 [B]: the request's prefix resume point M
+    (positions below it read and write SWA in its replay window; 0 = none) and swa_floors
+    int64 [B] the SWA floor of the pool layers, replay_floor(M) (None: no request resumes;
+    docs/design.md 2.8); fold: the replay rows this forward adds in front of SGLang's rows
+    (serving.prefix_replay.Fold; None: none).
     """
 
     rows: Rows
@@ -207,6 +221,9 @@ class BatchContext:
     out_loc: torch.Tensor
     replaying: bool = False
     max_slots: int | None = None
+    resume: torch.Tensor | None = None
+    swa_floors: torch.Tensor | None = None
+    fold: Fold | None = None
     shared: ForwardShared = field(default_factory=ForwardShared)
 
     @property
@@ -215,6 +232,12 @@ class BatchContext:
 
     def row_floors(self, rows: Rows) -> torch.Tensor:
         return self.floors[rows.req]
+
+    def row_swa_floors(self, rows: Rows) -> torch.Tensor:
+        """int64 [T]: the SWA floor of the SWA-pool layers for each row (0 without resumes)."""
+        if self.swa_floors is None:
+            return torch.zeros_like(rows.pos)
+        return self.swa_floors[rows.req]
 
 
 def slots_bound(seq_lens) -> int:
@@ -250,13 +273,16 @@ def decode_context(
     req_to_token: torch.Tensor,
     floors: torch.Tensor,
     table_len: int,
+    resume: torch.Tensor | None = None,
 ) -> BatchContext:
     """The context of a decode batch (one new token per request) from its device tensors alone:
     no host sync, static shapes, so it can be built inside a CUDA graph capture.
-    req_pool, seq_lens (after this step), out_loc int64 [B]; floors int64 [B]."""
+    req_pool, seq_lens (after this step), out_loc int64 [B]; floors, resume int64 [B]."""
     B = seq_lens.numel()
     rows = rows_from_lens(seq_lens - 1, torch.ones_like(seq_lens), B)
-    return BatchContext(rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc)
+    return BatchContext(
+        rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc, resume=resume
+    )
 
 
 def verify_context(
@@ -267,6 +293,7 @@ def verify_context(
     req_to_token: torch.Tensor,
     floors: torch.Tensor,
     table_len: int,
+    resume: torch.Tensor | None = None,
 ) -> BatchContext:
     """The context of a target-verify batch (speculative decoding): `width` rows per request at
     positions [prefix_b, prefix_b + width), causal within the block, from device tensors alone
@@ -277,4 +304,6 @@ def verify_context(
     B = prefix_lens.numel()
     rows = rows_from_lens(prefix_lens, torch.full_like(prefix_lens, width), B * width)
     seq_lens = prefix_lens + width
-    return BatchContext(rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc)
+    return BatchContext(
+        rows, req_pool, req_to_token, seq_lens, table_len, floors, out_loc, resume=resume
+    )

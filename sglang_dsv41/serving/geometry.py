@@ -13,8 +13,10 @@ these bytes, the server's pool sizing budgets them, its startup log prints them 
                 bounded replay on these are the encoder layers only.
     request     per request slot: the fp32 pair (c, z) of each ratio-2 source's unpaired token,
     slots       the decoder SWA rings with replay on (a window of V41 records per decoder layer,
-                see buffers.py for why), the Engram n-gram tail and the replay floor; plus the
-                slot table row SGLang allocates per request slot (int32 per position of context).
+                see buffers.py for why), with prefix replay a replay window (a window of V41
+                records per SWA-pool layer, docs/design.md 2.8), the Engram n-gram tail, the
+                floors and the resume point; plus the slot table row SGLang allocates per
+                request slot (int32 per position of context).
 SGLang's hybrid SWA allocator also keeps an int64 full -> SWA mapping entry per full slot
 (MAPPING_BYTES); `total_bytes` charges it with the buffers.
 Buffers carry one page more than their slot count (slot 0 is SGLang's padding slot), and one
@@ -41,6 +43,7 @@ class PoolGeometry:
     cfg: DeepseekV41Config
     replay: bool = False
     verify_width: int = 1
+    prefix_replay: bool = False
 
     def __post_init__(self):
         if self.verify_width < 1:
@@ -110,13 +113,22 @@ class PoolGeometry:
     def ring_bytes_per_request(self) -> int:
         return self.swa_record * self.ring_width * len(self.ring_layers)
 
+    def replay_window_bytes_per_request(self) -> int:
+        """A request slot's replay window: one window of V41 records per SWA-pool layer (prefix
+        replay on), where the replayed segment's SWA lives (buffers.py)."""
+        if not self.prefix_replay:
+            return 0
+        return self.swa_record * self.cfg.sliding_window * len(self.swa_layers)
+
     def engram_tail_len(self) -> int:
         return max(self.cfg.engram_max_ngram_size - 1, 0) if self.cfg.engram_layer_ids else 0
 
     def state_bytes_per_request(self) -> int:
-        """Per request slot in this package's buffers: pending pairs, rings, Engram tail, floor."""
+        """Per request slot in this package's buffers: pending pairs, rings, the replay window,
+        Engram tail, the two floors and the resume point."""
         tail = 8 * self.engram_tail_len()
-        return self.pending_bytes_per_request() + self.ring_bytes_per_request() + tail + 8
+        windows = self.ring_bytes_per_request() + self.replay_window_bytes_per_request()
+        return self.pending_bytes_per_request() + windows + tail + 3 * 8
 
     def bytes_per_request_slot(self, context_len: int) -> int:
         """Everything a request slot costs: this package's state plus SGLang's slot table row
@@ -165,6 +177,53 @@ class PoolGeometry:
         ):
             tokens -= page_size  # per-entry rounding of the ratio-r buffers
         return tokens
+
+    def sized(
+        self,
+        budget: int,
+        swa_ratio: float | None,
+        min_swa: int,
+        page_size: int,
+        max_requests: int,
+        context_len: int,
+        max_full: int | None = None,
+    ) -> tuple[int, int]:
+        """(full slots, SWA slots) of a pool whose buffers fit in `budget`. swa_ratio: the SWA
+        room is swa_ratio x the full room (SGLang's --swa-full-tokens-ratio), never below
+        min_swa; None: the SWA room is min_swa (what the running requests need). max_full caps
+        the full room (--max-total-tokens, the CPU cap)."""
+        if swa_ratio is None:
+            full = self.full_slots_for(budget, min_swa, page_size, max_requests, context_len)
+            if max_full is not None:
+                full = min(full, max_full // page_size * page_size)
+            return full, min_swa
+        per_token = self.global_bytes_per_token() + MAPPING_BYTES
+        per_token += swa_ratio * self.swa_bytes_per_slot()
+        fixed = self.total_bytes(0, 0, page_size, max_requests, context_len)
+        full = int(max(budget - fixed, 0) // per_token) if per_token else 0
+        if max_full is not None:
+            full = min(full, max_full)
+        full = full // page_size * page_size
+
+        def total(n: int) -> int:
+            swa = self.swa_room(n, swa_ratio, min_swa, page_size)
+            return self.total_bytes(n, swa, page_size, max_requests, context_len)
+
+        while full and total(full) > budget:
+            full -= page_size
+        while (max_full is None or full + page_size <= max_full) and total(
+            full + page_size
+        ) <= budget:  # the estimate's rounding
+            full += page_size
+        return full, self.swa_room(full, swa_ratio, min_swa, page_size)
+
+    @staticmethod
+    def swa_room(full: int, swa_ratio: float | None, min_swa: int, page_size: int) -> int:
+        """SWA slots for `full` full slots: swa_ratio x full (a multiple of the page), at least
+        min_swa; min_swa itself without a ratio."""
+        if swa_ratio is None:
+            return min_swa
+        return max(int(full * swa_ratio) // page_size * page_size, min_swa)
 
     def total_bytes(self, full, swa, page_size, max_requests, context_len) -> int:
         """Our buffers plus SGLang's slot table rows and full -> SWA mapping: what a pool of

@@ -3,7 +3,9 @@
 Bounded replay (docs/design.md 2.5): at the first decoder layer, rows of a request below its
 floor are dropped after the decoder's Full layer has taken its attention input over every row (its
 compressor runs over all tokens); dropped rows come out as zero hidden states (their logits are
-never used). Engram layers rewrite the residual before their attention, with hash rows from the
+never used). Encoder layers floor SWA at the request's SWA floor (a prefix resume's
+replay_floor(M), docs/design.md 2.8; 0 otherwise), decoder layers at its decoder floor (at least
+that). Engram layers rewrite the residual before their attention, with hash rows from the
 rows' n-gram windows (engram_history: this forward's ids and the request slots' tails, which the
 forward then moves on).
 """
@@ -28,7 +30,7 @@ def run_layers(
     cfg = model.cfg
     rows = ctx.rows
     state = model.residual.init(model.embed(input_ids))
-    floors = ctx.row_floors(rows)
+    floors, swa_floors = ctx.row_floors(rows), ctx.row_swa_floors(rows)
     hash_rows = None
     if cfg.engram_layer_ids:
         tails = pool.engram_tail[ctx.req_pool]  # [B, n - 1]
@@ -46,7 +48,7 @@ def run_layers(
             state = model.residual.select(state, keep.nonzero().flatten())
             rows = rows.select(keep)
             floors = floors[keep]
-        floor = floors if cfg.is_decoder(i) else torch.zeros_like(floors)
+        floor = floors if cfg.is_decoder(i) else swa_floors
         x = model.residual.attn_input(state, block)
         y = attention_layer(block.attn, x, rows, ctx, pool, floor, x_all, rows_all)
         if rows.n == 0:

@@ -41,9 +41,10 @@ def write_swa(
     `layers.window.swa_window(p, W, floor)`, slots oldest first, -1 outside.
 
     SWA-pool layers write at the SWA slots of ctx.out_loc and read their window through the slot
-    table and the full -> SWA mapping. Ring layers (decoder, replay on) read a scratch copy of
-    the batch's rings plus this forward's records, then keep each request's last W records of
-    this forward in its ring.
+    table and the full -> SWA mapping; a resumed request's positions below its resume point are
+    its replay window's instead (PoolWindow, docs/design.md 2.8). Ring layers (decoder, replay
+    on) read a scratch copy of the batch's rings plus this forward's records, then keep each
+    request's last W records of this forward in its ring.
     """
     i, W = attn.layer_id, attn.cfg.sliding_window
     kv, w = _normed_input(attn.wkv, attn.kv_norm, x)
@@ -96,6 +97,8 @@ def compress(
     c, z = attn.compressor.project(x)  # [T, D] fp32 each (z None at ratio 1)
     rp = ctx.req_pool[rows.req]  # [T]
     done, prev_same = _pairs(rows, r)
+    if ctx.resume is not None:  # a replay segment's entries are the prefix cache's, kept
+        done = done & (rows.pos >= ctx.resume[rows.req])
     if r == 2:
         # partner: the previous row of the same request, else the request's pending token
         prev = (torch.arange(rows.n, device=c.device) - 1).clamp_min(0)
@@ -107,6 +110,8 @@ def compress(
         zg = torch.stack((torch.where(own, z[prev], held[:, 1]), z), 1)
         last = rows.pos[rows.last_row()]
         hold = ~done & (rows.pos > last - 2 * K)  # even tokens of the request's last K entries
+        if ctx.resume is not None:
+            hold = hold & (rows.pos >= ctx.resume[rows.req])
         dst = torch.where(hold, rp, torch.zeros_like(rp))  # others to the padding slot 0
         pend[dst, (rows.pos // 2) % K] = torch.stack((c, z), 1)
     else:

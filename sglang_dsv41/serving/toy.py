@@ -4,8 +4,9 @@
 page allocators for full slots and (separately, through a full -> SWA mapping like SGLang's
 hybrid SWA allocator) for SWA slots, request slots with their replay floor and Engram tail, and
 one forward per `step` through `serving.layer_loop.run_layers`. `serve` generates greedy tokens
-for a batch with chunked prefill and optional decoder replay floors. Every BatchContext tensor
-lives on `device`.
+for a batch with chunked prefill and optional decoder replay floors. With `prefix_replay`, a
+request whose shared prefix lost its SWA (`evict_swa`) resumes there (`step(..., resumes=)`,
+docs/design.md 2.8). Every BatchContext tensor lives on `device`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sglang_dsv41.layers.protocols import LayerStack
 from sglang_dsv41.serving.buffers import RecordBuffers
 from sglang_dsv41.serving.context import BatchContext, build_rows, decode_context, slots_bound
 from sglang_dsv41.serving.layer_loop import run_layers
+from sglang_dsv41.serving.prefix_replay import fold_batch
 
 PAGE = 2
 
@@ -34,12 +36,21 @@ class ToyEngine:
         replay=False,
         device="cpu",
         max_requests=8,
+        prefix_replay=False,
     ):
         self.model, self.cfg, self.dev = model, model.cfg, torch.device(device)
         slots = n_pages * PAGE
         dtype = compute_dtype(model.embed.weight)
         self.pool = RecordBuffers(
-            self.cfg, replay, slots, slots, PAGE, max_requests, device, dtype=dtype
+            self.cfg,
+            replay,
+            slots,
+            slots,
+            PAGE,
+            max_requests,
+            device,
+            dtype=dtype,
+            prefix_replay=prefix_replay,
         )
         g = torch.Generator().manual_seed(seed)
         self.free = (torch.randperm(n_pages - 1, generator=g) + 1).tolist()  # page 0 = padding
@@ -50,6 +61,7 @@ class ToyEngine:
         self.pool.register_mapping(self.mapping.to(self.dev))
         self.r2t = self.req_to_token.to(self.dev)
         self.lens, self.tokens = {}, {}
+        self.folds = {}  # request slot -> replay segment ids of the last admitted forward
 
     def share_prefix(self, src: int, dst: int, n: int):
         """A radix hit: request dst starts with src's first n (even) slots."""
@@ -64,8 +76,18 @@ class ToyEngine:
         for pos in range(0, n, PAGE):
             full = int(self.req_to_token[r, pos])
             self.free.append(full // PAGE)
-            self.swa_free.append(int(self.mapping[full]) // PAGE)
+            if int(self.mapping[full]):
+                self.swa_free.append(int(self.mapping[full]) // PAGE)
         self.tokens.pop(r, None)
+
+    def evict_swa(self, r: int, upto: int):
+        """The SWA of request slot r's positions [0, upto) is evicted (SGLang's radix cache
+        tombstones it): its SWA pages are freed and unmapped, the full slots (global KV) stay."""
+        for pos in range(0, upto, PAGE):
+            full = int(self.req_to_token[r, pos])
+            if int(self.mapping[full]):
+                self.swa_free.append(int(self.mapping[full]) // PAGE)
+                self.mapping[full : full + PAGE] = 0
 
     def _slot(self, r, pos):
         if pos % PAGE == 0:
@@ -84,23 +106,31 @@ class ToyEngine:
         """As the backend: decode page tables span the slot table's width on CUDA."""
         return self.req_to_token.shape[1] if self.dev.type == "cuda" else max(seq)
 
-    def admit(self, work, floors=None):
+    def admit(self, work, floors=None, resumes=None):
         """Host bookkeeping of one forward: request starts, slot allocation, device mirrors.
-        Returns (prefix, extend, seq, out_loc) host lists."""
+        resumes: per request of `work`, the prefix length it resumed at with a replay (its
+        shared prefix, SWA evicted) or 0. Returns (prefix, extend, seq, out_loc) host lists;
+        the replay segments of this forward are left in self.folds."""
         prefix = [self.lens.get(r, 0) for r, _ in work]
         extend = [len(t) for _, t in work]
         n1 = self.pool.engram_tail.shape[1]
         for b, ((r, _), p) in enumerate(zip(work, prefix, strict=True)):
             if not self.is_decode([p], [extend[b]], floors):
-                hist = self.tokens.get(r, [])[:p]
+                M = resumes[b] if resumes else 0
+                if M > p:
+                    raise ValueError(f"request {r} resumes at {M} with a prefix of {p}")
+                replays = bool(M) and M == p  # its first prefill: the replay runs now
+                start = self.cfg.replay_floor(M) if replays else p
+                hist = self.tokens.get(r, [])[:start]
                 tail = ([-1] * n1 + hist)[len(hist) :]
-                self.pool.start_request(r, floors[b] if floors else 0, tail)
+                fold = self.tokens[r][start:p] if replays else None
+                self.pool.start_request(r, floors[b] if floors else 0, tail, M, fold)
         out_loc = [
             self._slot(r, p + k)
             for (r, _), p, n in zip(work, prefix, extend, strict=True)
             for k in range(n)
         ]
-        self.pool.apply_starts()
+        self.folds = self.pool.apply_starts()
         self.pool.full_to_swa_index_mapping.copy_(self.mapping)
         self.r2t.copy_(self.req_to_token)
         seq = [p + n for p, n in zip(prefix, extend, strict=True)]
@@ -111,25 +141,34 @@ class ToyEngine:
             self.lens[r] = s
             self.tokens[r] = self.tokens.get(r, [])[: s - len(toks)] + list(toks)
 
-    def step(self, work, floors=None):
+    def step(self, work, floors=None, resumes=None):
         """work: list of (request slot r, new token ids) -> next-token logits fp32 [B, V].
-        floors: per request of `work`, its decoder replay floor (set when it starts a prefill)."""
-        return self.forward(*self.prepare(work, floors))
+        floors: per request of `work`, its decoder replay floor (set when it starts a prefill);
+        resumes: per request, the prefix length it resumed at by a replay (every prefill of the
+        request names it; the one whose prefix is that length runs the replay), or 0."""
+        return self.forward(*self.prepare(work, floors, resumes))
 
-    def prepare(self, work, floors=None):
+    def prepare(self, work, floors=None, resumes=None):
         """The host part of a step: bookkeeping and the batch's tensors -> (ids, ctx, last)."""
         d = self.dev
-        prefix, extend, seq, out_loc = self.admit(work, floors)
+        prefix, extend, seq, out_loc = self.admit(work, floors, resumes)
         self.finish(work, seq)
-        req_pool = torch.tensor([r for r, _ in work], device=d)
+        slots = [r for r, _ in work]
+        req_pool = torch.tensor(slots, device=d)
         ids = torch.tensor([t for _, toks in work for t in toks], dtype=torch.int64, device=d)
         seq_t = torch.tensor(seq, device=d)
         out_t = torch.tensor(out_loc, device=d)
         last = torch.cumsum(torch.tensor(extend, device=d), 0) - 1
         floors_t = self.pool.floor[req_pool]
+        resume = self.pool.resume[req_pool] if self.pool.prefix_replay else None
         if self.is_decode(prefix, extend, floors):
-            ctx = decode_context(req_pool, seq_t, out_t, self.r2t, floors_t, self.table_len(seq))
+            ctx = decode_context(
+                req_pool, seq_t, out_t, self.r2t, floors_t, self.table_len(seq), resume
+            )
             return ids, ctx, last
+        prefix, extend, out_t, fold = fold_batch(
+            prefix, extend, slots, ids, out_t, self.folds, self.r2t
+        )
         rows = build_rows(prefix, extend, d)
         ctx = BatchContext(
             rows=rows,
@@ -141,13 +180,19 @@ class ToyEngine:
             out_loc=out_t,
             replaying=bool((rows.pos < floors_t[rows.req]).any()),
             max_slots=slots_bound(seq),
+            resume=resume,
+            swa_floors=self.pool.swa_floor[req_pool] if resume is not None else None,
+            fold=fold,
         )
         return ids, ctx, last
 
     def forward(self, ids, ctx, last):
         """The device part of a step: the layer loop and the head of each request's last row
         (fp32 logits, fp64 for a float64 model)."""
-        h = run_layers(self.model, ids, ctx, self.pool)
+        if ctx.fold is not None:
+            h = run_layers(self.model, ctx.fold.input_ids, ctx, self.pool)[ctx.fold.keep]
+        else:
+            h = run_layers(self.model, ids, ctx, self.pool)
         return upcast(self.model.head(h[last]))
 
 

@@ -76,7 +76,7 @@ class DeepseekV41ForCausalLM(intree.DeepseekV4ForCausalLM):
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         cfg = config.dsv41()
-        options = ServingOptions.from_server(cfg, attn_default=INTREE_ATTN_DEFAULT)
+        options = ServingOptions.from_server(cfg, attn_default=INTREE_ATTN_DEFAULT, folds=False)
         replay = options.replay
         # SGLang's in-tree layer loop starts the replay tail at the last kv source
         if replay and (err := cfg.replay_error(tail_at_last_kv_source=True)):

@@ -2,11 +2,14 @@
 
     create_memory_pool_configurator   size the pool from this model's real bytes
     KVCacheConfigurator._build_token_to_kv_pool   build DSV41KVPool instead of an MHA pool
-    ForwardBatch.init_new             a request that (re)starts prefilling writes its replay floor
-                                      and Engram tail into its request slot of the pool
-    Req._compute_max_prefix_len       with replay on, a radix hit stops at the request's floor,
-                                      so decoder SWA written by a replay (approximate, or absent
-                                      below the floor) is never reused
+    ForwardBatch.init_new             a request that (re)starts prefilling writes its replay floor,
+                                      Engram tail and prefix resume into its request slot of the
+                                      pool, and the first chunk of a resumed hit queues its
+                                      replay segment (docs/design.md 2.8)
+    Req._compute_max_prefix_len       with replay on and prefix replay off, a radix hit stops at
+                                      the request's floor, so decoder SWA written by a replay
+                                      (approximate, or absent below the floor) is never reused
+                                      (with prefix replay, prefix_hooks.py plans the hit)
 The pool hooks act only for a runner serving this package's architecture (`serves_ours`): the
 DSpark draft runner serves SGLang's `DeepseekV4ForCausalLMDSpark` (dspark_draft.py renames the
 draft's architecture), so SGLang's own configurator and pool serve it, as they serve stock
@@ -22,6 +25,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_dsv41.sglang.hf_config import ARCH
 from sglang_dsv41.sglang.options import served
+from sglang_dsv41.sglang.prefix_hooks import hit_of, register_prefix_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -102,17 +106,42 @@ def _init_new(result, cls, batch, *args, **kwargs):
         return result
     n1 = pool.engram_tail.shape[1]
     for req, slot, prefix in prefill_starts(batch):
+        resume, fold, start = prefill_resume(req, prefix, pool)
         tail = []
         if n1:
             ids = list(req.origin_input_ids) + list(req.output_ids)
-            tail = ([-1] * n1 + ids[max(0, prefix - n1) : prefix])[-n1:]
-        pool.start_request(slot, options.floor_of(req), tail)
+            tail = ([-1] * n1 + ids[max(0, start - n1) : start])[-n1:]
+        pool.start_request(slot, options.floor_of(req), tail, resume, fold)
     return result
+
+
+def prefill_resume(req, prefix: int, pool):
+    """(resume point, replay segment ids or None, first row) of a request's prefill chunk: the
+    chunk at its resume point runs the replay of [replay_floor(M), M) first (prefix_hooks.py
+    planned it); later chunks keep the resume point."""
+    if not pool.prefix_replay:
+        return 0, None, prefix
+    hit = hit_of(req)
+    if 0 < prefix < hit.resume:  # SGLang kept less of the hit than planned: resume there
+        hit.resume = prefix
+    if not hit.prefilled:
+        hit.prefilled, hit.kept = True, hit.resume
+    if not hit.resume or prefix != hit.resume:
+        return hit.resume if prefix > hit.resume else 0, None, prefix
+    start = pool.cfg.replay_floor(prefix)
+    ids = list(req.origin_input_ids) + list(req.output_ids)
+    logger.info(
+        "dsv41 prefix replay: a hit of %d cached tokens without its SWA window replays [%d, %d)",
+        prefix,
+        start,
+        prefix,
+    )
+    return prefix, ids[start:prefix], start
 
 
 def _max_prefix(result, req, *args, **kwargs):
     options = served()
-    if options is not None and options.replay:
+    if options is not None and options.replay and not options.prefix_replay:
         return min(result, options.floor_of(req))
     return result
 
@@ -122,3 +151,4 @@ def register_hooks() -> None:
     HookRegistry.register(_BUILD_POOL, _build_pool, HookType.AROUND)
     HookRegistry.register(_INIT_NEW, _init_new, HookType.AFTER)
     HookRegistry.register(_MAX_PREFIX, _max_prefix, HookType.AFTER)
+    register_prefix_hooks()

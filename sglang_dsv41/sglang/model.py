@@ -49,9 +49,10 @@ class DeepseekV41ForCausalLM(nn.Module):
         register_served(self.options)
         logger.info(
             "sglang_dsv41: DeepseekV41ForCausalLM, roles %s, decoder SWA bounded replay %s, "
-            "attention queries and output %s",
+            "prefix replay %s, attention queries and output %s",
             cfg.roles(),
             "on" if self.options.replay else "off",
+            "on" if self.options.prefix_replay else "off",
             self.options.attn_mode,
         )
 
@@ -78,7 +79,11 @@ class DeepseekV41ForCausalLM(nn.Module):
                 "SGLang's Engram history, which its speculative worker commits)"
             )
         pool = get_attn_backend().token_to_kv_pool
-        h = run_layers(self, input_ids, forward_batch.dsv41_context, pool)
+        ctx = forward_batch.dsv41_context
+        if ctx.fold is None:
+            h = run_layers(self, input_ids, ctx, pool)
+        else:  # a prefix replay's rows ran ahead of the batch's (docs/design.md 2.8)
+            h = run_layers(self, ctx.fold.input_ids, ctx, pool)[ctx.fold.keep]
         return self.logits_processor(input_ids, h, self.head, forward_batch)
 
 

@@ -3,6 +3,10 @@
     replay   decoder SWA bounded replay (server flag --enable-decoder-swa-bounded-replay, default
              on; --no-enable-decoder-swa-bounded-replay turns it off), where the config supports
              it (`DeepseekV41Config.replay_error`, docs/design.md 2.5)
+    prefix_replay   a radix hit whose SWA is gone resumes by bounded replay (docs/design.md
+             2.8): environment variable SGLANG_DSV41_PREFIX_REPLAY = on / off; unset, it follows
+             decoder replay (both approximate; with replay off the served path stays exact).
+             Only where the model's own layer loop runs the forward (the torch model)
     attn_dtype   the sparse attention's queries and output (`MqaAttentionBase.attn_dtype`):
              environment variable SGLANG_DSV41_ATTN_DTYPE = fp32 (None: the exact path) or
              bf16 (the bf16 kernels, as SGLang's V4 attention); unset, the model's default:
@@ -26,6 +30,7 @@ from sglang_dsv41.config import DeepseekV41Config
 from sglang_dsv41.layers.attention import ATTN_DTYPES
 
 ATTN_DTYPE_ENV = "SGLANG_DSV41_ATTN_DTYPE"
+PREFIX_REPLAY_ENV = "SGLANG_DSV41_PREFIX_REPLAY"
 INTREE_ATTN_DEFAULT = "bf16"  # the in-tree CUDA model's mode when the environment names none
 
 
@@ -34,12 +39,17 @@ class ServingOptions:
     cfg: DeepseekV41Config
     replay: bool
     attn_dtype: torch.dtype | None = None
+    prefix_replay: bool = False
 
     @classmethod
-    def from_server(cls, cfg: DeepseekV41Config, attn_default: str = "fp32") -> ServingOptions:
-        """attn_default: the model's attention I/O mode when the environment names none."""
+    def from_server(
+        cls, cfg: DeepseekV41Config, attn_default: str = "fp32", folds: bool = True
+    ) -> ServingOptions:
+        """attn_default: the model's attention I/O mode when the environment names none;
+        folds: the model's forward runs a prefix replay's rows (serving.prefix_replay.Fold)."""
         replay = replay_flag() and cfg.replay_error() is None
-        return cls(cfg, replay, attn_dtype(attn_default))
+        prefix = folds and prefix_replay_flag(replay)
+        return cls(cfg, replay, attn_dtype(attn_default), prefix)
 
     @property
     def attn_mode(self) -> str:
@@ -71,6 +81,19 @@ def replay_flag() -> bool:
     except Exception:  # no runtime context (unit tests): the default
         value = None
     return value is not False
+
+
+def prefix_replay_flag(replay: bool, env=os.environ) -> bool:
+    """SGLANG_DSV41_PREFIX_REPLAY: on / off (1 / 0, true / false); unset or empty: `replay`
+    (decoder replay's switch). Any other value is an error naming the variable."""
+    text = env.get(PREFIX_REPLAY_ENV, "").strip().lower()
+    if not text:
+        return replay
+    if text in ("on", "1", "true"):
+        return True
+    if text in ("off", "0", "false"):
+        return False
+    raise ValueError(f"{PREFIX_REPLAY_ENV}={env.get(PREFIX_REPLAY_ENV)!r}: on or off")
 
 
 def attn_dtype(default: str = "fp32", env=os.environ) -> torch.dtype | None:

@@ -78,6 +78,7 @@ class DSV41KVPool(RecordBuffers, BaseSWAKVPool):
             max_requests,
             device,
             verify_width=verify_width,
+            prefix_replay=options.prefix_replay,
         )
         self.verify_width = verify_width
         self.swa_kv_pool = _SWASlots(swa_size, page_size, cfg.num_hidden_layers, device)
@@ -86,8 +87,9 @@ class DSV41KVPool(RecordBuffers, BaseSWAKVPool):
         logger.info(
             "dsv41 KV pool: %d full slots x %.1f B (main KV + index K over kv sources %s), "
             "%d SWA slots x %d B (V41 records of %d layers), %d request slots x (%d B of state: "
-            "pending, decoder SWA rings of %d layers, Engram tail, floor; room for %d-row "
-            "verifies; + %d B of SGLang's slot-table row); %.3f GiB allocated (%d B)",
+            "pending, decoder SWA rings of %d layers, a prefix-replay window of %d B, Engram "
+            "tail, floors; room for %d-row verifies; + %d B of SGLang's slot-table row); "
+            "%.3f GiB allocated (%d B)",
             size,
             g.global_bytes_per_token(),
             g.kv_sources,
@@ -97,6 +99,7 @@ class DSV41KVPool(RecordBuffers, BaseSWAKVPool):
             max_requests,
             g.state_bytes_per_request(),
             len(g.ring_layers),
+            g.replay_window_bytes_per_request(),
             verify_width,
             4 * context_len,
             self.nbytes() / 2**30,
@@ -110,7 +113,8 @@ class DSV41KVPool(RecordBuffers, BaseSWAKVPool):
         return self.full_to_swa_index_mapping[kv_indices]
 
     def get_state_buf_infos(self):
-        bufs = [b for b in self.swa if b is not None]
+        """SGLang's SWA slots of each SWA-pool layer (the replay windows after them stay)."""
+        bufs = [b[: self.replay_base] for b in self.swa if b is not None]
         return (
             [b.data_ptr() for b in bufs],
             [b.nbytes for b in bufs],

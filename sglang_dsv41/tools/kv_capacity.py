@@ -78,6 +78,32 @@ def v4_footprint(cfg: DeepseekV41Config) -> Footprint:
     return Footprint("v4", per_token, per_request)
 
 
+def cached_prefix_bytes(cfg: DeepseekV41Config, prefix_len: int) -> dict:
+    """What keeping one cached prefix of `prefix_len` tokens hit-able costs, per layout.
+
+    dsv41: its global KV alone (main KV + index K of the kv sources): SWA is evicted first and
+    a hit without it resumes by bounded replay (docs/design.md 2.8). v4: SGLang's V4 layout
+    (V4's record for main KV and SWA): its global KV plus the trailing SWA window of every
+    layer, since there a radix match stops where the window it needs is gone.
+    -> {layout: {"bytes": per prefix, "bytes_per_token", "tokens_per_gib"}}."""
+    g = pool_geometry(cfg)
+    v4 = v4_record_bytes(cfg.head_dim, cfg.qk_rope_head_dim)
+    v4_global = sum((v4 + g.index_record) / cfg.ratio(s) for s in cfg.kv_source_layer_ids)
+    window = min(prefix_len, cfg.sliding_window) * cfg.num_hidden_layers
+    layouts = {
+        "dsv41": g.global_bytes_per_token() * prefix_len,
+        "v4": v4_global * prefix_len + v4 * window,
+    }
+    return {
+        name: {
+            "bytes": b,
+            "bytes_per_token": b / prefix_len,
+            "tokens_per_gib": GiB * prefix_len / b,
+        }
+        for name, b in layouts.items()
+    }
+
+
 _WHOLE_ON_EVERY_TP_RANK = re.compile(
     r"\.attn\.(wq_a|wkv|compressor|indexer)\.|norm\.weight$|\.hc_(attn|ffn)_"
     r"|\.ffn\.gate\.|\.engram\.(wkv\.|q_weight$|k_weight$)"

@@ -3,7 +3,7 @@ allocates for a memory budget (`serving.geometry`, the calculator the server siz
 
     python -m sglang_dsv41.tools.kv_report (--model DIR | --preset NAME) [--json] [--plot PNG]
         [--reserve-gib G] [--no-replay] [--budget-gib G] [--requests R] [--chunk C]
-        [--context-len L] [--page P]
+        [--swa-full-tokens-ratio R] [--context-len L] [--page P]
 
 Global state (per token, kept for the whole context): each kv source keeps one main-KV record
 and one index-K record per compressed entry, 1/ratio entries per token; Reuse / Reindex layers
@@ -38,10 +38,15 @@ def capacity(
     context_len: int,
     page: int,
     eviction_interval: int = 128,
+    swa_ratio: float | None = None,
 ) -> dict:
-    """What the server's pool sizing allocates for `budget` bytes (sglang/pool_sizing.py)."""
-    swa = swa_slots_needed(g.cfg.sliding_window, page, requests, chunk, eviction_interval)
-    full = g.full_slots_for(budget, swa, page, requests, context_len)
+    """What the server's pool sizing allocates for `budget` bytes (sglang/pool_sizing.py): the
+    SWA room `swa_ratio` x the global room (--swa-full-tokens-ratio), at least one request's
+    window and two prefill chunks; without a ratio, the windows of `requests` requests."""
+    least = swa_slots_needed(
+        g.cfg.sliding_window, page, requests if swa_ratio is None else 1, chunk, eviction_interval
+    )
+    full, swa = g.sized(budget, swa_ratio, least, page, requests, context_len)
     total = g.total_bytes(full, swa, page, requests, context_len)
     return {
         "budget_bytes": budget,
@@ -51,6 +56,7 @@ def capacity(
         "context_len": context_len,
         "full_slots": full,
         "swa_slots": swa,
+        "swa_full_tokens_ratio": swa_ratio,
         "allocated_bytes": total,
         "buffer_bytes": g.buffer_bytes(full, swa, page, requests),
         "bytes_per_token_of_context": total / full if full else None,
@@ -165,6 +171,12 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-gib", type=float, help="KV budget to size a pool for")
     ap.add_argument("--requests", type=int, default=2048, help="request slots (default 2048)")
     ap.add_argument("--chunk", type=int, default=8192, help="prefill chunk (default 8192)")
+    ap.add_argument(
+        "--swa-full-tokens-ratio",
+        type=float,
+        default=None,
+        help="SWA room / global room, as SGLang's flag (default: the requests' windows)",
+    )
     ap.add_argument("--context-len", type=int, help="slot table row (default: max positions)")
     ap.add_argument(
         "--page", type=int, default=2, help="page size (default 2, the served page size)"
@@ -176,7 +188,13 @@ def main(argv=None) -> int:
         g = PoolGeometry(cfg, not args.no_replay)
         ctx = args.context_len or cfg.max_position_embeddings
         rep["pool_sizing"] = capacity(
-            g, int(args.budget_gib * 2**30), args.requests, args.chunk, ctx, args.page
+            g,
+            int(args.budget_gib * 2**30),
+            args.requests,
+            args.chunk,
+            ctx,
+            args.page,
+            swa_ratio=args.swa_full_tokens_ratio,
         )
     name = args.model or args.preset
     rep["capacity"] = _capacity(cfg, args.preset, args.reserve_gib)

@@ -36,10 +36,12 @@ class Oracle:
         self.vocab = self.model.cfg.vocab_size
         self._done = {}
 
-    def generate(self, ids, n: int = MAX_NEW, replay: bool = False) -> list:
-        key = (tuple(ids), n, replay)
+    def generate(self, ids, n: int = MAX_NEW, replay: bool = False, resumes=()) -> list:
+        """Greedy tokens; resumes: the prefix resume points the server served the prompt with
+        (docs/design.md 2.8)."""
+        key = (tuple(ids), n, replay, tuple(resumes))
         if key not in self._done:
-            self._done[key] = self.model.generate(list(ids), n, replay=replay)
+            self._done[key] = self.model.generate(list(ids), n, replay=replay, resumes=resumes)
         return list(self._done[key])
 
 
@@ -51,6 +53,16 @@ def oracle(tiny_dir):
 @pytest.fixture(scope="session")
 def prompts(oracle):
     return prompt_set(oracle.vocab)
+
+
+REPLAY_LINE = "dsv41 prefix replay: a hit of {} cached tokens"
+
+
+def resumes_of(server, before: str, cached: int) -> tuple:
+    """(cached,) when the server's log gained a prefix replay of `cached` tokens since it read
+    `before` (a request served from a hit whose SWA was gone), else () (an exact hit)."""
+    line = REPLAY_LINE.format(cached)
+    return (cached,) if server.log().count(line) > before.count(line) else ()
 
 
 # SGLang's own test switch: retract running decode requests every 3 forwards (they are freed

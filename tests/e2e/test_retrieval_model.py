@@ -53,3 +53,38 @@ def test_held_out_retrieval(server, tmp_path):
     assert retrieval_eval.main(argv) == 0
     rep = json.loads(out.read_text())
     assert rep["overall"] >= 0.9, rep["accuracy"]
+
+
+def test_long_document_asked_twice_second_from_a_replay(server):
+    """A 16K document asked about two of its facts: the second ask hits the cached document,
+    whose SWA outside the last window SGLang already freed, so (replay on) it resumes by bounded
+    replay of one window (docs/design.md 2.8); both answers are right, replay on and off."""
+    import random
+
+    from tokenizers import Tokenizer
+
+    from sglang_dsv41.training.filler import HELD_OUT_SOURCE, filler_lines
+    from sglang_dsv41.training.task import make_document, question_line
+
+    tok = Tokenizer.from_file(str(RETRIEVAL_DIR / "tokenizer.json"))
+    count = lambda text: len(tok.encode(text, add_special_tokens=False).ids)  # noqa: E731
+    doc = make_document(random.Random("twice"), filler_lines(HELD_OUT_SOURCE), 16384, count, 4)
+    body = "\n".join(doc.lines) + "\n"
+    cached = []
+    for name, code in doc.facts[:2]:
+        before = server.log().count("dsv41 prefix replay")
+        status, out = post(
+            server.url + "/generate",
+            {
+                "text": body + question_line(name) + "\n",
+                "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+            },
+            timeout=600,
+        )
+        assert status == 200 and code in out["text"], (name, code, out)
+        cached.append(
+            (out["meta_info"]["cached_tokens"], server.log().count("dsv41 prefix replay") - before)
+        )
+    assert cached[0][0] < 100
+    if "no-replay" not in server.log_path:  # replay off: exact hits only (chunk boundaries)
+        assert cached[1][0] > 16000 and cached[1][1] == 1, cached  # an SWA-evicted hit

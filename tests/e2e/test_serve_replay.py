@@ -8,7 +8,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from e2e.conftest import MAX_NEW, RETRACT_ENV, RETRACTED, start_server
+from e2e.conftest import MAX_NEW, RETRACT_ENV, RETRACTED, resumes_of, start_server
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +37,23 @@ def test_replay_equals_reference_with_replay(server, oracle, prompts):
 
 
 def test_replay_radix_hit(server, oracle, prompts):
-    base = prompts[-2][:256]
+    """b hits a's prefix: an exact hit stops at b's decoder floor (decoder state written by a
+    replay is never reused); with prefix replay (on with decoder replay) a hit past it resumes
+    at the whole match, its last window replayed (docs/design.md 2.8)."""
+    base = prompts[-2][:256]  # served whole by the test before: a hits it too
     a, b = base + [7, 8, 9, 10, 11], base + [12, 13, 14]
+    before = server.log()
     out_a = server.generate(a, MAX_NEW)
+    resumes_a = resumes_of(server, before, out_a["meta_info"]["cached_tokens"])
+    before = server.log()
     out_b = server.generate(b, MAX_NEW)
     window = oracle.model.cfg.sliding_window
-    assert out_b["meta_info"]["cached_tokens"] >= len(b) - window - 2
-    assert out_b["meta_info"]["cached_tokens"] <= len(b) - window
-    assert out_a["output_ids"] == oracle.generate(a, MAX_NEW, replay=True)
-    assert out_b["output_ids"] == oracle.generate(b, MAX_NEW, replay=True)
+    cached = out_b["meta_info"]["cached_tokens"]
+    resumes = resumes_of(server, before, cached)
+    assert cached >= len(b) - window - 2
+    assert cached <= len(b) - window or resumes
+    assert out_a["output_ids"] == oracle.generate(a, MAX_NEW, replay=True, resumes=resumes_a)
+    assert out_b["output_ids"] == oracle.generate(b, MAX_NEW, replay=True, resumes=resumes)
 
 
 def test_output_logprobs_keep_replay(server, oracle, prompts):
@@ -69,7 +77,10 @@ def test_output_logprobs_keep_replay(server, oracle, prompts):
     status, out = post(server.url + "/generate", {**body, "return_logprob": True})
     assert status == 200, out
     assert out["output_ids"] == oracle.generate(p, MAX_NEW, replay=True)
-    assert out["output_ids"] == server.generate(p, MAX_NEW)["output_ids"]
+    before = server.log()
+    again = server.generate(p, MAX_NEW)  # a full hit: exact, or a resume of one window
+    resumes = resumes_of(server, before, again["meta_info"]["cached_tokens"])
+    assert again["output_ids"] == oracle.generate(p, MAX_NEW, replay=True, resumes=resumes)
     lp = out["meta_info"]["output_token_logprobs"]
     assert [t for _, t, _ in lp] == out["output_ids"]
     floor = oracle.model.replay_floor_for(len(p), True)
