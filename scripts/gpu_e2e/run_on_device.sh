@@ -37,6 +37,8 @@ rm -rf "$SITE" && mkdir -p "$SITE"
 for a in .gpu_e2e/carry/site-sglang.tar.xz .gpu_e2e/carry/site-deps.tar.xz; do
   tar -C "$SITE" -xJf "$a" || { say "unpacking $a failed"; exit 1; }
 done
+# the checkout's package (its data included: prepare.sh leaves it out of the carried wheel)
+cp -r sglang_dsv41/. "$SITE/sglang_dsv41/" && cp -r kernels/. "$SITE/sglang_dsv41/kernels/"
 export PYTHONPATH=$SITE:$HERE/stubs
 export STUB_CALL_LOG=$OUT/stub_calls.txt SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
