@@ -186,7 +186,6 @@ signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))  # the server is stopped o
 with Server(side, slice_dir, Path(work) / f"warm_{side}.log", Settings(profile=profile)) as srv:
     try:
         print(f"warm: {side} ready in {srv.wait_ready(float(t)):.0f} s", flush=True)
-        t0 = time.time()
         for n in (64, 4000, 4000):
             t0 = time.time()
             out = agreement.generate(srv.url, [[5 + i % 90 for i in range(n)]], 8)
