@@ -65,6 +65,13 @@ def resumes_of(server, before: str, cached: int) -> tuple:
     return (cached,) if server.log().count(line) > before.count(line) else ()
 
 
+def oracle_tokens(oracle, server, before: str, ids, n: int, cached: int) -> list:
+    """The oracle's greedy tokens (decoder replay on) for a request the server answered with
+    `cached` prompt tokens from its cache since its log read `before`: resumed at `cached` when
+    the server served the hit by prefix replay (its SWA was gone), the plain forward otherwise."""
+    return oracle.generate(ids, n, replay=True, resumes=resumes_of(server, before, cached))
+
+
 # SGLang's own test switch: retract running decode requests every 3 forwards (they are freed
 # and re-prefilled later, through the radix cache), so retraction runs under real traffic.
 RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1"}

@@ -255,7 +255,7 @@ def ask(host: str, port: int, path: str, payload: bytes, timeout: float = 120.0)
 
 
 def fixed_request(host: str, port: int, timeout: float = 60.0):
-    """(latency s, status, output_ids) of the fixed greedy request."""
+    """(latency s, status, output_ids, cached prompt tokens) of the fixed greedy request."""
     body = {
         "input_ids": FIXED_IDS,
         "sampling_params": {"max_new_tokens": FIXED_NEW, "temperature": 0, "ignore_eos": True},
@@ -264,7 +264,8 @@ def fixed_request(host: str, port: int, timeout: float = 60.0):
     status, out = ask(host, port, "/generate", json.dumps(body).encode(), timeout)
     dt = time.perf_counter() - t0
     ids = out.get("output_ids") if isinstance(out, dict) else None
-    return dt, status, ids
+    cached = out.get("meta_info", {}).get("cached_tokens", 0) if isinstance(out, dict) else 0
+    return dt, status, ids, cached
 
 
 @dataclass
@@ -276,6 +277,7 @@ class Result:
     fixed_s: float
     fixed_status: int
     fixed_ids: list | None
+    fixed_cached: int
     problems: list
 
 
@@ -295,9 +297,10 @@ def run_case(host: str, port: int, case: Case) -> Result:
     t.start()
     time.sleep(DELAY_S)
     try:
-        fixed_s, fixed_status, fixed_ids = fixed_request(host, port)
+        fixed_s, fixed_status, fixed_ids, fixed_cached = fixed_request(host, port)
     except Exception as e:
         fixed_s, fixed_status, fixed_ids = float("inf"), 0, f"{type(e).__name__}: {e}"
+        fixed_cached = 0
     t.join(case.timeout + 10)
     status, out = got.get("answer", (0, "no answer"))
     text = out if isinstance(out, str) else json.dumps(out)
@@ -323,6 +326,7 @@ def run_case(host: str, port: int, case: Case) -> Result:
         fixed_s,
         fixed_status,
         fixed_ids,
+        fixed_cached,
         problems,
     )
 

@@ -32,7 +32,7 @@ import urllib.request
 
 import pytest
 from e2e import hostile
-from e2e.conftest import start_server
+from e2e.conftest import oracle_tokens, start_server
 from e2e.server import post
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -50,16 +50,26 @@ def server(tmp_path_factory, tiny_dir):
 
 @pytest.fixture(scope="module")
 def fixed(oracle, prompts):
-    """A prompt longer than the window (so the replay runs) and the oracle's tokens for it."""
+    """A prompt longer than the window (so the replay runs), and the oracle. Asked again, the
+    prompt is a radix hit whose SWA is gone: the server resumes it by prefix replay, and the
+    oracle is given the same resume point (docs/design.md 2.8)."""
     assert oracle.vocab == VOCAB
-    p = prompts[7]
-    return p, oracle.generate(p, N_FIXED, replay=True)
+    return prompts[7], oracle
+
+
+def served_as_oracle(server, fixed) -> list:
+    """Ask the fixed prompt; assert the oracle's tokens for the way it was served."""
+    p, oracle = fixed
+    before = server.log()
+    out = server.generate(p, N_FIXED)
+    want = oracle_tokens(oracle, server, before, p, N_FIXED, out["meta_info"]["cached_tokens"])
+    assert out["output_ids"] == want, (out["meta_info"]["cached_tokens"], want)
+    return out["output_ids"]
 
 
 def still_exact(server, fixed) -> None:
-    p, want = fixed
     assert server.proc.poll() is None, server.log()[-3000:]
-    assert server.generate(p, N_FIXED)["output_ids"] == want
+    served_as_oracle(server, fixed)
 
 
 def ask(server, path: str, body, timeout: float = 120.0):
@@ -200,23 +210,20 @@ def test_malformed_requests_get_4xx_naming_the_value(server, fixed):
     still_exact(server, fixed)
 
 
-@pytest.fixture(scope="module")
-def hostile_want(oracle):
-    return oracle.generate(hostile.FIXED_IDS, hostile.FIXED_NEW, replay=True)
-
-
 CASES = hostile.HOSTILE + hostile.AT_CAPS
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_hostile_request_answered_while_others_are_served(server, hostile_want, case):
+def test_hostile_request_answered_while_others_are_served(server, oracle, case):
     """The hostile request gets its status and names its field; the fixed request sent during
     it answers within the case's limit (hostile.LIMIT_S, 2 s) with the oracle's tokens; the
     server stays up."""
+    before = server.log()
     r = hostile.run_case("127.0.0.1", server.port, case)
     assert server.proc.poll() is None, server.log()[-3000:]
     assert not r.problems, (r.problems, r.hostile_s, r.fixed_s)
-    assert r.fixed_ids == hostile_want
+    ids, n = hostile.FIXED_IDS, hostile.FIXED_NEW
+    assert r.fixed_ids == oracle_tokens(oracle, server, before, ids, n, r.fixed_cached)
     if case.status != 200:
         assert_clean_4xx(server, r.status, r.answer)
 
@@ -264,11 +271,14 @@ def call(server, method: str, path: str, body=None, key: str | None = None):
 
 
 def test_keys_guard_routes_and_are_never_shown(keyed, fixed):
-    p, want = fixed
+    p, oracle = fixed
     body = {"input_ids": p, "sampling_params": {"max_new_tokens": N_FIXED, "temperature": 0}}
     assert call(keyed, "POST", "/generate", body)[0] == 401
+    before = keyed.log()
     status, out = call(keyed, "POST", "/generate", body, API_KEY)
-    assert status == 200 and out["output_ids"] == want, out
+    assert status == 200, out
+    cached = out["meta_info"]["cached_tokens"]
+    assert out["output_ids"] == oracle_tokens(oracle, keyed, before, p, N_FIXED, cached), out
     for key in (None, API_KEY):  # the admin routes take the admin key only
         assert call(keyed, "POST", "/pause_generation", {}, key)[0] == 401
         assert call(keyed, "POST", "/flush_cache", None, key)[0] == 401
