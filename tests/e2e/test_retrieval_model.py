@@ -56,9 +56,9 @@ def test_held_out_retrieval(server, tmp_path):
 
 
 def test_long_document_asked_twice_second_from_a_replay(server):
-    """A 16K document asked about two of its facts: the second ask hits the cached document,
-    whose SWA outside the last window SGLang already freed, so (replay on) it resumes by bounded
-    replay of one window (docs/design.md 2.8); both answers are right, replay on and off."""
+    """A 16K document asked about two of its facts: the second ask hits the cached document; where
+    SGLang already freed its SWA outside the last window, it resumes (replay on) by bounded replay
+    of one window (docs/design.md 2.8); both answers are right, replay on and off."""
     import random
 
     from tokenizers import Tokenizer
@@ -87,4 +87,7 @@ def test_long_document_asked_twice_second_from_a_replay(server):
         )
     assert cached[0][0] < 100
     if "no-replay" not in server.log_path:  # replay off: exact hits only (chunk boundaries)
-        assert cached[1][0] > 16000 and cached[1][1] == 1, cached  # an SWA-evicted hit
+        # A hit over the whole document: SWA-evicted (one replay) when SGLang's lazy SWA freeing
+        # (SGLANG_SWA_EVICTION_INTERVAL) already released the window at the decoder floor, exact
+        # when that window is still resident; either way no prefix is prefilled again.
+        assert cached[1][0] > 16000 and cached[1][1] in (0, 1), cached
